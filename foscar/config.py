@@ -42,7 +42,7 @@ class QuantConfig:
         if self.page_size <= 0 or self.page_size % self.group_size or self.page_size % 16:
             raise ValueError(
                 f"page_size={self.page_size!r} must be a positive multiple of group_size="
-                f"{self.group_size} and of 16; pick e.g. page_size={max(self.group_size, 16)}."
+                f"{self.group_size} and of 16; pick page_size={max(self.group_size, 16)} for instance."
             )
 
     @property
@@ -60,7 +60,10 @@ class QuantConfig:
 
     def check_head_dim(self, head_dim: int) -> None:
         if head_dim not in (64, 128, 256):
-            raise ValueError(f"head_dim={head_dim} is not supported; expected 64, 128 or 256.")
+            raise ValueError(
+                f"head_dim={head_dim} is not supported; expected 64, 128 or 256, the head sizes "
+                "the kernels are built for."
+            )
         if head_dim % self.group_size and "token" in (self.k_mode, self.v_mode):
             raise ValueError(
                 f"group_size={self.group_size} does not divide head_dim={head_dim}, which "

@@ -1,12 +1,37 @@
-"""`foscar-bench compare`: not built yet."""
+"""`foscar-bench compare BASE HEAD`: changes judged against both sides' noise; exit 1 on a gated regression."""
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
     @app.command("compare")
-    def compare() -> None:
-        """(not implemented yet)"""
-        typer.echo("foscar-bench compare is not implemented yet.", err=True)
-        raise typer.Exit(2)
+    def compare(
+        base: str = typer.Argument(..., help="BASE: a run id or a git sha (prefix) of a run in the store."),
+        head: str = typer.Argument(..., help="HEAD: a run id or a git sha (prefix)."),
+        db: Optional[Path] = typer.Option(None, "--db", help="Results store (default: results/foscar.sqlite)."),
+        fail_on_regression: Optional[str] = typer.Option(
+            None, "--fail-on-regression",
+            help="Exit 1 when a median time regressed by more than this (e.g. 5%) outside the noise "
+            "of both sides, or a case that passed in BASE no longer passes."),
+        threshold: str = typer.Option("2%", "--threshold", help="Smallest change to list as a change."),
+        show_all: bool = typer.Option(False, "--all", help="List unchanged series too."),
+    ) -> None:
+        """Print a table of changes from BASE to HEAD; gate CI with --fail-on-regression."""
+        from reports.compare import compare as run_compare, render
+        from reports.noise import parse_fraction
+        from reports.source import SourceError, default_db, open_store
+
+        try:
+            gate = parse_fraction(fail_on_regression)
+            min_change = parse_fraction(threshold) or 0.0
+            cmp = run_compare(open_store(db or default_db()), base, head, min_change, gate)
+        except (SourceError, ValueError) as err:
+            typer.echo(str(err), err=True)
+            raise typer.Exit(2)
+        render(cmp, show_all=show_all)
+        if len(cmp.failures):
+            raise typer.Exit(1)

@@ -1,12 +1,30 @@
-"""`foscar-bench dashboard`: not built yet."""
+"""`foscar-bench dashboard`: static site of every series over commits, noise bands, called changes, exports."""
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
     @app.command("dashboard")
-    def dashboard() -> None:
-        """(not implemented yet)"""
-        typer.echo("foscar-bench dashboard is not implemented yet.", err=True)
-        raise typer.Exit(2)
+    def dashboard(
+        out: Path = typer.Option(Path("out/dashboard"), "--out", help="Folder to write the site into."),
+        db: Optional[Path] = typer.Option(None, "--db", help="Results store (default: results/foscar.sqlite)."),
+        threshold: str = typer.Option("2%", "--threshold",
+                                      help="Smallest change of the median called a change (outside the noise too)."),
+    ) -> None:
+        """Write the dashboard: per (backend, shape) series over commits with p10..p90 bands."""
+        from reports.dashboard import build_dashboard
+        from reports.noise import parse_fraction
+        from reports.source import SourceError, default_db, open_store
+
+        try:
+            min_change = parse_fraction(threshold) or 0.0
+            results = open_store(db or default_db())
+        except (SourceError, ValueError) as err:
+            typer.echo(str(err), err=True)
+            raise typer.Exit(1)
+        index = build_dashboard(results, out, min_change)
+        typer.echo(f"Dashboard of {len(results.runs)} run(s): {index}")

@@ -1,12 +1,117 @@
-"""`foscar-bench results`: not built yet."""
+"""`foscar-bench results`: read records back from the store, as a table, JSON lines, CSV
+or Parquet."""
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+# The fields every exported record carries, first and in this order.
+CORE_FIELDS = (
+    "run_id", "backend", "family", "batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim",
+    "bits", "k_mode", "v_mode", "group_size", "page_size", "model", "gpu_name", "gpu_uuid", "status",
+    "reason", "median_us", "p10_us", "p90_us", "n_samples", "bytes", "eff_bandwidth_tbps",
+    "frac_peak_bus", "frac_peak_datasheet", "frac_read_ceiling", "rel_error", "quant_rel_error",
+    "l2_policy", "throttled", "case_key", "started_at", "git_sha", "git_dirty",
+)
+
+
+def _clean(value):
+    if value is None:
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    return value
+
+
+def record_dicts(df) -> list[dict]:
+    """Records as plain dicts: core fields first, then the rest, extra_json unpacked."""
+    rows = []
+    for rec in df.to_dict(orient="records"):
+        extra = rec.pop("extra_json", None)
+        out = {k: _clean(rec.get(k)) for k in CORE_FIELDS}
+        for k, v in rec.items():
+            if k not in out:
+                out[k] = _clean(v)
+        if extra:
+            try:
+                for k, v in json.loads(extra).items():
+                    out.setdefault(k, v)
+            except (TypeError, ValueError):
+                out["extra_json"] = extra
+        rows.append(out)
+    return rows
 
 
 def register(app: typer.Typer) -> None:
     @app.command("results")
-    def results() -> None:
-        """(not implemented yet)"""
-        typer.echo("foscar-bench results is not implemented yet.", err=True)
-        raise typer.Exit(2)
+    def results(
+        run: Optional[str] = typer.Option(None, "--run", help="Run id (default: the latest run)."),
+        all_runs: bool = typer.Option(False, "--all", help="Every run in the store."),
+        runs: bool = typer.Option(False, "--runs", help="List the runs and exit."),
+        as_json: bool = typer.Option(False, "--json", help="One JSON object per record, one per line."),
+        csv: Optional[Path] = typer.Option(None, "--csv", help="Write the records to this CSV file."),
+        parquet: Optional[Path] = typer.Option(None, "--parquet", help="Write the records to this Parquet file (pyarrow)."),
+        status: Optional[str] = typer.Option(None, "--status", help="Only these statuses, e.g. passed,incorrect."),
+        backend: Optional[str] = typer.Option(None, "--backend", help="Only these backends (comma list)."),
+        db: Path = typer.Option(Path("results/foscar.sqlite"), "--db", help="Results store (SQLite)."),
+    ) -> None:
+        """Records of a run: a table by default; --json, --csv, --parquet export every field."""
+        import pandas as pd
+        from rich.console import Console
+
+        from suite.store import ResultStore
+        from suite.summary import summary_table
+
+        console = Console()
+        if not db.exists():
+            console.print(f"[red]{db} does not exist; run `foscar-bench sweep --db {db}` first, or pass --db.")
+            raise typer.Exit(2)
+        store = ResultStore(db)
+        if runs:
+            df = store.runs()
+            if as_json:
+                for r in df.drop(columns=["env_json"], errors="ignore").to_dict(orient="records"):
+                    typer.echo(json.dumps({k: _clean(v) for k, v in r.items()}, default=str))
+            else:
+                cols = [c for c in ("run_id", "started_at", "git_sha", "git_dirty", "n_records", "n_passed") if c in df]
+                console.print(df[cols].to_string(index=False) if not df.empty else "no runs")
+            return
+        run_id = None if all_runs else (run or store.latest_run())
+        if not all_runs and run_id is None:
+            console.print(f"[yellow]{db} holds no runs yet.")
+            raise typer.Exit(1)
+        if run_id is not None and not store.has_run(run_id):
+            console.print(f"[red]run {run_id!r} is not in {db}; `foscar-bench results --runs` lists them.")
+            raise typer.Exit(2)
+        df = store.records(run_id)
+        if status:
+            df = df[df["status"].isin([s.strip() for s in status.split(",")])]
+        if backend:
+            df = df[df["backend"].isin([b.strip() for b in backend.split(",")])]
+        rows = record_dicts(df)
+        if csv or parquet:
+            flat = pd.DataFrame(rows)
+            for col in flat.columns:  # lists/dicts from extra_json as JSON text
+                if flat[col].map(lambda v: isinstance(v, (list, dict))).any():
+                    flat[col] = flat[col].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
+            if csv:
+                flat.to_csv(csv, index=False)
+                console.print(f"wrote {len(flat)} records to {csv}")
+            if parquet:
+                try:
+                    flat.to_parquet(parquet, index=False)
+                except ImportError as exc:
+                    console.print(f"[red]Parquet needs pyarrow ({exc}); `pip install pyarrow`.")
+                    raise typer.Exit(2)
+                console.print(f"wrote {len(flat)} records to {parquet}")
+        if as_json:
+            for r in rows:
+                typer.echo(json.dumps(r, default=str))
+        elif not (csv or parquet):
+            console.print(summary_table(df, title=f"run {run_id}" if run_id else "all runs"))

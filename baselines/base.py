@@ -1,0 +1,233 @@
+"""The one interface every decode-attention kernel is measured through, ours included,
+and the registry of backends.
+
+A backend declares what it is (name, family, KV storage bits, tolerance), says whether it
+can run a case (`supports`), and builds its own cache format from the shared BF16 source
+K/V (`prepare`), returning a thunk that runs one decode step. The harness alone times it.
+Conversion and quantization happen in `prepare` and are never timed.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from suite.cases import NO_QUANT, Case
+
+# Set to 1 (or pass --test-backends to the sweep) to register backends that exist only to
+# test the harness, such as `test-crash`.
+TEST_BACKENDS_ENV = "FOSCAR_BENCH_TEST_BACKENDS"
+
+# Modules under baselines/ that register backends, in listing order.
+BACKEND_MODULES = (
+    "baselines.torch_ref",
+    "baselines.flashinfer_decode",
+    "baselines.trtllm",
+    "baselines.bitdecoding",
+    "baselines.foscar",
+    "baselines.testing",
+)
+
+
+class Unsupported(Exception):
+    """Raised by `prepare` when a backend finds it cannot run a case after all; the
+    harness records `unsupported` with the message as the reason."""
+
+
+class CompileError(Exception):
+    """Raised when a backend's kernel fails to build (JIT); recorded as `compile_error`."""
+
+
+@dataclass
+class GpuInfo:
+    """What `supports` may look at about the device a case would run on."""
+
+    index: int = 0
+    name: str = "unknown"
+    uuid: str | None = None
+    capability: tuple[int, int] = (0, 0)
+    sm_count: int | None = None
+    total_memory_bytes: int | None = None
+    l2_bytes: int | None = None
+
+    @property
+    def sm(self) -> int:
+        """e.g. 90 for Hopper, 100 for Blackwell B200."""
+        return self.capability[0] * 10 + self.capability[1]
+
+
+@dataclass
+class SourceKV:
+    """The attention problem every backend answers, in BF16 on the case's device.
+
+    q [batch, num_q_heads, head_dim]; k, v [batch, max_len, num_kv_heads, head_dim] with
+    max_len >= every seq_len (rows past a sequence's length are not attended);
+    seq_lens int32 [batch].
+    """
+
+    q: Any
+    k: Any
+    v: Any
+    seq_lens: Any
+    sm_scale: float
+
+    @property
+    def max_len(self) -> int:
+        return int(self.k.shape[1])
+
+
+@dataclass
+class Prepared:
+    """One backend's ready-to-run decode step over its own copy of the cache.
+
+    run: launches one decode step and returns the output [batch, num_q_heads, head_dim]
+        (the same tensor each call when the backend writes into `out`).
+    reference_kv: given sequence indices, returns (k, v) [n, max_len, num_kv_heads,
+        head_dim] in any float dtype: the cache as THIS backend stores it, dequantized.
+        The float64 reference attends over it, so quantization error is not counted
+        against the kernel (it is reported separately as quant_rel_error).
+    bytes: bytes one step must move, from suite.bytes_model.
+    out: the output buffer `run` writes (poisoned before the checked run), or None.
+    reference_q: the query the reference uses, if the backend's cannot be the source's.
+    """
+
+    run: Callable[[], Any]
+    reference_kv: Callable[[Sequence[int]], tuple[Any, Any]]
+    bytes: int
+    out: Any = None
+    reference_q: Any = None
+    notes: str = ""
+    keepalive: list = field(default_factory=list)
+
+
+class Backend:
+    """Base class: subclasses set the class attributes and implement `prepare`."""
+
+    name: str = ""
+    family: str = ""
+    bits: int = 16  # KV storage width: 16 (BF16), 8 (FP8), 4, 2; 0 = the case's int bits
+    tolerance: float = 1e-2  # relative L2 vs the float64 reference over its own cache
+    quantized: bool = False  # True: follows the case's int quantization axes
+    description: str = ""
+    test_only: bool = False
+    needs_cuda: bool = True  # False: also runs on the CPU (stand-ins, torch-ref)
+
+    # --- declaration --------------------------------------------------------------------
+    def case_for(self, case: Case) -> Case | None:
+        """The case this backend really runs for a swept case, or None if it does not
+        pair with it (e.g. an INT4 kernel and a 2-bit case). Unquantized formats drop the
+        int axes, so every int setting maps to one case for them."""
+        if self.quantized:
+            if case.k_mode == "none" or (self.bits and case.bits != self.bits):
+                return None
+            if case.page_size % case.group_size:
+                # Our formats need whole groups in a page: the smallest page that holds them.
+                page = case.group_size * -(-case.page_size // case.group_size)
+                return case.with_(page_size=page)
+            return case
+        return case.with_(bits=self.bits, **NO_QUANT)
+
+    def available(self) -> str | None:
+        """None when the backend's library imports, else one sentence on how to get it."""
+        return None
+
+    def supports(self, case: Case, gpu: GpuInfo | None) -> str | None:
+        """None if the backend can run `case` on `gpu`, else the reason it cannot."""
+        return self.available()
+
+    def memory_bytes(self, case: Case) -> int:
+        """Device bytes one prepared copy holds (beyond the source), for fit checks and
+        for how many copies cold-L2 rotation may make. Defaults to the byte model."""
+        from suite.bytes_model import traffic_for
+
+        return traffic_for(self, case).total
+
+    # --- measurement input ----------------------------------------------------------------
+    def prepare(self, case: Case, source: SourceKV) -> Prepared:
+        raise NotImplementedError
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "family": self.family,
+            "bits": self.bits or "case",
+            "tolerance": self.tolerance,
+            "available": self.available() or "yes",
+            "description": self.description,
+        }
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"
+
+
+_REGISTRY: dict[str, Backend] = {}
+_LOADED = False
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Class decorator: add one instance of the backend to the registry."""
+    inst = cls()
+    if not inst.name:
+        raise ValueError(f"{cls.__name__} has no name.")
+    _REGISTRY[inst.name] = inst
+    return cls
+
+
+def test_backends_enabled() -> bool:
+    return os.environ.get(TEST_BACKENDS_ENV, "") not in ("", "0")
+
+
+def _load() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    for mod in BACKEND_MODULES:
+        importlib.import_module(mod)  # these modules import optional libraries lazily
+    _LOADED = True
+
+
+def all_backends(include_test: bool | None = None) -> list[Backend]:
+    """Every registered backend (test-only ones only if enabled), in listing order."""
+    _load()
+    if include_test is None:
+        include_test = test_backends_enabled()
+    return [b for b in _REGISTRY.values() if include_test or not b.test_only]
+
+
+def get_backend(name: str) -> Backend:
+    _load()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(
+            f"backend {name!r} is unknown; expected one of {sorted(_REGISTRY)}."
+        ) from None
+
+
+def select_backends(names: Sequence[str] | None, include_test: bool | None = None) -> list[Backend]:
+    """Backends by name (a trailing '*' matches a prefix), or all of them for None."""
+    if not names:
+        return all_backends(include_test)
+    _load()
+    chosen: list[Backend] = []
+    for name in names:
+        if name.endswith("*"):
+            hits = [b for b in _REGISTRY.values() if b.name.startswith(name[:-1])]
+            if not hits:
+                raise KeyError(f"no backend matches {name!r}; expected one of {sorted(_REGISTRY)}.")
+            chosen.extend(h for h in hits if h not in chosen)
+        else:
+            b = get_backend(name)
+            if b not in chosen:
+                chosen.append(b)
+    return chosen
+
+
+def has_module(name: str) -> bool:
+    """True when `name` imports (never raises: a broken install counts as absent)."""
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return False

@@ -1,0 +1,184 @@
+"""Builds the FOSCAR CUDA kernels with nvcc into a shared library, cached by a content hash.
+
+The key hashes the sources, the flags, the target architecture and the nvcc version, so a
+changed header or flag rebuilds and nothing else does (FlashInfer's JIT cache works alike).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+TRANSLATION_UNITS = ("foscar_api.cu", "foscar_int4.cu", "foscar_int2.cu")
+NVCC_FLAGS = ("-std=c++17", "-O3", "--use_fast_math", "-Xptxas", "-v", "-Xcompiler", "-fPIC")
+DEFAULT_ARCH = "sm_90a"
+
+# What one trip of each decode kernel's main loop consumes, per thread: a chunk of 64
+# tokens x 128 channels of K and of V, shared by the 32 lanes of a warp. The instruction
+# analysis divides its loop counts by this.
+KV_ELEMS_PER_LOOP_ITER_PER_THREAD = 64 * 128 * 2 // 32
+
+
+class BuildError(RuntimeError):
+    """nvcc failed or is missing; the message carries its output."""
+
+
+@dataclass
+class KernelResources:
+    name: str
+    registers: int
+    stack_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_store_bytes > 0 or self.spill_load_bytes > 0
+
+
+@dataclass
+class BuildResult:
+    so_path: Path
+    objects: list[Path]
+    arch: str
+    key: str
+    cached: bool
+    resources: list[KernelResources] = field(default_factory=list)
+
+    @property
+    def cubin(self) -> Path:
+        """The shared library holds the sm_90a SASS; cuobjdump reads it directly."""
+        return self.so_path
+
+    @property
+    def kernels(self) -> dict:
+        """Per-kernel metadata for the instruction analysis."""
+        meta = {}
+        for res in self.resources:
+            entry = asdict(res)
+            if "decode_kernel" in res.name:
+                entry["kv_elems_per_iter_per_thread"] = KV_ELEMS_PER_LOOP_ITER_PER_THREAD
+            meta[res.name] = entry
+        return meta
+
+
+def find_nvcc() -> str:
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).exists():
+            return cand
+    raise BuildError("nvcc was not found: install the CUDA toolkit or set NVCC=/path/to/nvcc.")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FOSCAR_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "foscar"
+
+
+def _nvcc_version(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False).stdout
+    return out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def build_key(arch: str, nvcc: str) -> str:
+    h = hashlib.sha256()
+    for src in sorted(CSRC.glob("*")):
+        if src.suffix in (".cu", ".cuh", ".h"):
+            h.update(src.name.encode())
+            h.update(src.read_bytes())
+    h.update(" ".join(NVCC_FLAGS).encode())
+    h.update(arch.encode())
+    h.update(_nvcc_version(nvcc).encode())
+    return h.hexdigest()[:16]
+
+
+def gencode(arch: str) -> list[str]:
+    if not re.fullmatch(r"sm_\d+a?", arch):
+        raise BuildError(f"arch={arch!r} is not an SM target; expected e.g. 'sm_90a'.")
+    num = arch[3:]
+    # wgmma / setmaxnreg need the arch-specific 'a' target, spelled as -gencode.
+    return [f"-gencode=arch=compute_{num},code={arch}"]
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas(log: str) -> list[KernelResources]:
+    """Registers, stack and spills per kernel from `-Xptxas -v` output."""
+    out, name, stack = [], None, (0, 0, 0)
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            name = m.group(1)
+        elif (m := _STACK.search(line)) and name:
+            stack = tuple(int(x) for x in m.groups())
+        elif (m := _REGS.search(line)) and name:
+            out.append(KernelResources(_demangle(name), int(m.group(1)), *stack))
+            name, stack = None, (0, 0, 0)
+    return out
+
+
+def _demangle(name: str) -> str:
+    tool = shutil.which("c++filt") or shutil.which("cu++filt")
+    if not tool:
+        return name
+    res = subprocess.run([tool, name], capture_output=True, text=True, check=False)
+    return res.stdout.strip() or name
+
+
+def _compile(nvcc: str, arch: str, src: Path, obj: Path) -> str:
+    cmd = [nvcc, *gencode(arch), *NVCC_FLAGS, "-c", str(src), "-o", str(obj)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode:
+        raise BuildError(f"nvcc failed on {src.name}:\n{res.stderr[-6000:]}")
+    return res.stderr
+
+
+def build(arch: str = DEFAULT_ARCH, force: bool = False, verbose: bool = False) -> BuildResult:
+    """Compiles (or finds in the cache) libfoscar.so for `arch`."""
+    nvcc = find_nvcc()
+    key = build_key(arch, nvcc)
+    out_dir = cache_dir() / f"{arch}-{key}"
+    so_path = out_dir / "libfoscar.so"
+    meta_path = out_dir / "resources.json"
+    objects = [out_dir / (Path(tu).stem + ".o") for tu in TRANSLATION_UNITS]
+    if so_path.exists() and meta_path.exists() and not force:
+        resources = [KernelResources(**r) for r in json.loads(meta_path.read_text())]
+        return BuildResult(so_path, objects, arch, key, True, resources)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=min(len(TRANSLATION_UNITS), os.cpu_count() or 1)) as pool:
+        logs = list(pool.map(lambda tu: _compile(nvcc, arch, CSRC / tu[0], tu[1]),
+                             zip(TRANSLATION_UNITS, objects)))
+    tmp = so_path.with_suffix(".so.tmp")
+    cmd = [nvcc, *gencode(arch), "-shared", "-Xcompiler", "-fPIC", *map(str, objects), "-o", str(tmp)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode:
+        raise BuildError(f"linking libfoscar.so failed:\n{res.stderr[-4000:]}")
+    resources = parse_ptxas("\n".join(logs))
+    meta_path.write_text(json.dumps([asdict(r) for r in resources], indent=1))
+    os.replace(tmp, so_path)  # atomic: a concurrent loader never sees half a library
+    if verbose:
+        print("\n".join(logs), file=sys.stderr)
+    return BuildResult(so_path, objects, arch, key, False, resources)
+
+
+def detect_arch() -> str | None:
+    """sm_XYa for the first visible GPU, or None without one."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(0)
+            return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+    except Exception:  # noqa: BLE001 - no torch or no driver both mean "no GPU here"
+        pass
+    return None

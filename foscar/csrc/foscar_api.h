@@ -1,0 +1,43 @@
+/* C ABI of the FOSCAR kernels, loaded from Python with ctypes (foscar/kernels.py).
+ * A plain C struct keeps the binding free of any framework's headers and ABI: the
+ * library builds in seconds with nvcc alone, and CI compiles it with no GPU and no torch. */
+#ifndef FOSCAR_API_H_
+#define FOSCAR_API_H_
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct FoscarDecodeArgs {
+  const void* q;          /* bf16 [batch, num_q_heads, head_dim] */
+  void* o;                /* bf16 [batch, num_q_heads, head_dim] */
+  const void* k_codes;    /* int32, docs/FORMAT.md */
+  const void* v_codes;
+  const void* k_params;   /* fp16 (scale, offset) pairs */
+  const void* v_params;
+  const int32_t* page_table;
+  const int32_t* seq_lens;
+  const void* k_tail;     /* bf16 [batch, num_kv_heads, group_size, head_dim] */
+  const void* v_tail;
+  float* ws_o;            /* fp32 [batch, num_q_heads, num_splits, head_dim] when num_splits > 1 */
+  float* ws_ml;           /* fp32 [batch, num_q_heads, num_splits, 2] */
+  int32_t batch, num_q_heads, num_kv_heads, head_dim;
+  int32_t bits, group_size, k_channel, v_channel, dequant;
+  int32_t page_size, max_pages;
+  int32_t num_splits, units_per_split;
+  float sm_scale;
+} FoscarDecodeArgs;
+
+/* Launches the decode (and, when num_splits > 1, the combine) on `stream`. Returns 0 on
+ * success; otherwise foscar_last_error() says what was wrong. */
+int foscar_decode(const FoscarDecodeArgs* args, void* stream);
+const char* foscar_last_error(void);
+/* Tokens in one unit of split-KV work for a configuration, and dynamic shared memory. */
+int foscar_unit_tokens(int group_size);
+int foscar_smem_bytes(int bits, int group_size, int k_channel, int v_channel, int dequant);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

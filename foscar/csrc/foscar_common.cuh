@@ -1,0 +1,119 @@
+// Small device helpers shared by the FOSCAR kernels: bf16 mantissa injection, mma.sync,
+// movmatrix, cp.async, and warp reductions. Framework-free: CUDA headers only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace foscar {
+
+// bf16 128.0 in both halves: OR-ing a code c < 128 into the mantissa gives exactly 128 + c.
+constexpr uint32_t kBf16Bias2 = 0x43004300u;
+constexpr float kInjectBias = 128.0f;
+
+// ---------------------------------------------------------------------------------------
+// Mantissa injection. Each returns the bf16x2 register holding position k of both halves
+// of a packed word (docs/FORMAT.md). The right shifts are shared by the callers: the
+// compiler keeps `w >> 6` and `w >> 12` live once per word.
+// (w & mask) | 0x43004300 as ONE LOP3: written in C, nvcc splits it into two LOP3s (a LOP3
+// takes one immediate), which doubles the cost of injection; with the bias in a register
+// the single three-input LOP3 is what ptxas emits.
+template <uint32_t MASK>
+__device__ __forceinline__ uint32_t and_or_bias(uint32_t w) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(w), "n"(MASK), "r"(kBf16Bias2));
+  return d;
+}
+
+template <int BITS, int K>
+__device__ __forceinline__ uint32_t inject(uint32_t w) {
+  if constexpr (BITS == 4) {
+    // Every INT4 position is shifted down to bits 0-3 (radix factor 1).
+    return and_or_bias<0x000F000Fu>(w >> (4 * K));
+  } else {
+    // INT2: positions 0-2 read in place (factors 1, 4, 16), 3-5 from w >> 6, 6-7 from w >> 12.
+    return and_or_bias<(0x00030003u << (2 * (K % 3)))>(w >> ((K / 3) * 6));
+  }
+}
+
+// The value a position is worth relative to its code (see inject above).
+template <int BITS>
+__host__ __device__ constexpr float radix_factor(int k) {
+  return BITS == 4 ? 1.0f : (k % 3 == 0 ? 1.0f : (k % 3 == 1 ? 4.0f : 16.0f));
+}
+
+// ---------------------------------------------------------------------------------------
+// Tensor Core and data-movement primitives.
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Transposes an 8x8 b16 matrix held in mma fragment order across the warp.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t x) {
+  __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162*>(&x);
+  return __bfloat1622float2(v);
+}
+
+// Dequantize-first ablation: an injected register (128 + f c, two elements) becomes
+// bf16(c * s + z), computed in fp32 as x * (s / f) + (z - 128 s / f), the way a kernel that
+// dequantizes every element before the Tensor Cores computes it.
+__device__ __forceinline__ uint32_t dequant_f32(uint32_t x, const float (&scale)[2], const float (&offset)[2]) {
+  const float2 v = unpack_bf16x2(x);
+  return pack_bf16x2(fmaf(v.x, scale[0], offset[0]), fmaf(v.y, scale[1], offset[1]));
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ uint4 lds128(const void* p) {
+  return *reinterpret_cast<const uint4*>(p);
+}
+
+// Reductions across the 8 lanes that share lane % 4 (the token rows of an mma fragment).
+__device__ __forceinline__ float warp_max_rows(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+  return x;
+}
+__device__ __forceinline__ float warp_sum_rows(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  x += __shfl_xor_sync(0xffffffffu, x, 16);
+  return x;
+}
+// Sum across the 4 lanes that share lane / 4 (the channel columns of a B fragment).
+__device__ __forceinline__ float warp_sum_quad(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
+
+}  // namespace foscar

@@ -1,0 +1,101 @@
+"""`foscar-bench compare`: changes between two runs or commits, judged by reports.noise, and a CI verdict."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import pandas as pd
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from reports import catalog, noise, series
+from reports.plotting import kv_label
+from reports.source import Results, resolve
+
+STATUS_LOSS = "now "
+
+
+@dataclass
+class Comparison:
+    """Paired series of BASE and HEAD; `failures` are what a CI gate fails on."""
+
+    changes: pd.DataFrame
+    base_runs: list[str]
+    head_runs: list[str]
+    min_change: float
+    fail_threshold: float | None
+
+    @property
+    def failures(self) -> pd.DataFrame:
+        if self.fail_threshold is None:
+            return self.changes.iloc[0:0]
+        return self.changes[self.changes["gate"]]
+
+
+def compare(results: Results, base: str, head: str, min_change: float = 0.02,
+            fail_threshold: float | None = None) -> Comparison:
+    """Pair every series of BASE with HEAD's. A failure is a regression beyond
+    `fail_threshold` that is also outside the noise (reports.noise.classify), or a series
+    that passed in BASE and no longer passes in HEAD."""
+    base_runs, head_runs = resolve(results, base), resolve(results, head)
+    recs = results.records
+    changes = series.pair(recs[recs["run_id"].isin(base_runs)], recs[recs["run_id"].isin(head_runs)], min_change)
+    gate = []
+    for _, row in changes.iterrows():
+        if fail_threshold is None:
+            gate.append(False)
+        elif str(row["verdict"]).startswith(STATUS_LOSS):
+            gate.append(True)
+        elif row["change"] is not None and pd.notna(row["change"]):
+            b = noise.Sample(row["median_us_base"], row["p10_us_base"], row["p90_us_base"])
+            h = noise.Sample(row["median_us_head"], row["p10_us_head"], row["p90_us_head"])
+            gate.append(noise.classify(b, h, fail_threshold) == noise.REGRESSION)
+        else:
+            gate.append(False)
+    changes["gate"] = gate
+    return Comparison(changes, base_runs, head_runs, min_change, fail_threshold)
+
+
+def _us(median, p10, p90) -> str:
+    if pd.isna(median):
+        return "-"
+    if pd.notna(p10) and pd.notna(p90):
+        return f"{median:.1f} [{p10:.1f}, {p90:.1f}]"
+    return f"{median:.1f}"
+
+
+def render(cmp: Comparison, console: Console | None = None, show_all: bool = False) -> None:
+    """Print the changes (all series with show_all, else those not within the noise)."""
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    df = cmp.changes
+    shown = df if show_all else df[~df["verdict"].isin([noise.SAME, "not timed"])]
+    many_gpus = df["gpu_name"].nunique() > 1
+    gpus = ", ".join(sorted(df["gpu_name"].dropna().unique()))
+    table = Table(title=f"{gpus}: BASE {', '.join(cmp.base_runs)} -> HEAD {', '.join(cmp.head_runs)}")
+    cols = (["GPU"] if many_gpus else []) + ["backend", "case", "format", "BASE µs [p10, p90]",
+                                             "HEAD µs [p10, p90]", "change", "verdict"]
+    for col in cols:
+        table.add_column(escape(col), justify="right" if "µs" in col or col == "change" else "left", no_wrap=True)
+    style = {noise.REGRESSION: "red", noise.IMPROVEMENT: "green"}
+    order = shown.assign(_k=shown["verdict"].map({noise.REGRESSION: 0}).fillna(1)).sort_values(
+        ["_k", "backend", "batch", "kv_len"], key=lambda s: s.map(catalog.sort_key) if s.name == "backend" else s)
+    for _, r in order.iterrows():
+        verdict = r["verdict"] + (" (fails gate)" if r["gate"] else "")
+        cells = ([str(r["gpu_name"])] if many_gpus else []) + [
+            str(r["backend"]), f"b{int(r['batch'])} kv{kv_label(r['kv_len'])}", series.format_short(r),
+            _us(r["median_us_base"], r["p10_us_base"], r["p90_us_base"]),
+            _us(r["median_us_head"], r["p10_us_head"], r["p90_us_head"]),
+            "" if pd.isna(r["change"]) else f"{100 * r['change']:+.1f}%", verdict,
+        ]
+        table.add_row(*map(escape, cells), style=style.get(r["verdict"], "yellow" if r["verdict"].startswith(STATUS_LOSS) else None))
+    if len(shown):
+        console.print(table)
+    counts = df["verdict"].value_counts()
+    summary = ", ".join(f"{n} {v}" for v, n in counts.items())
+    console.print(f"{len(df)} series compared; a change is called beyond {100 * cmp.min_change:.1f}% "
+                  f"with the p10..p90 bands apart: {summary}.")
+    if cmp.fail_threshold is not None:
+        n = len(cmp.failures)
+        console.print(f"[bold {'red' if n else 'green'}]{n} regression(s) beyond "
+                      f"{100 * cmp.fail_threshold:.1f}% and outside the noise, or lost passing cases.[/]")

@@ -1,0 +1,141 @@
+"""A GPU's roofs and rates (HBM peaks, read ceiling, ALU issue rate, FLOP ceilings) from env, else records."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import pandas as pd
+
+# Thread-instructions per SM per clock of the ALU pipe (LOP3/SHF/PRMT), measured on our
+# H200 (FOSCAR.md section 5); a property of the Hopper SM, not of one board.
+ALU_PER_SM_PER_CLOCK = 63.3
+# The measured H200 figure, used when the environment lacks SM count or clock.
+H200_ALU_RATE = 16.6e12
+# Dense FLOP per SM per clock on sm_90 (Hopper): 128 FP32 lanes x 2 (FMA), and the
+# tensor cores' dense BF16 rate (989 TFLOP/s = 4096 x 132 SMs x 1.83 GHz on H100 SXM).
+HOPPER_FLOP_PER_SM_CLOCK = {"FP32 CUDA cores": 256, "BF16 tensor cores (dense)": 4096}
+
+_BUS = ("bus_peak_tbps", "peak_bus_tbps", "peak_tbps_bus")
+_DATASHEET = ("datasheet_peak_tbps", "peak_datasheet_tbps", "datasheet_tbps")
+_CEILING = ("read_ceiling_tbps", "measured_read_ceiling_tbps", "stream_read_tbps", "read_tbps")
+_SMS = ("sm_count", "multi_processor_count", "num_sms")
+_CLOCK = ("max_sm_clock_mhz", "sm_clock_max_mhz", "sm_clock_mhz")
+_CAP = ("capability", "compute_capability")
+
+
+@dataclass
+class GpuFacts:
+    """Roofs and rates of one GPU model; a value is None when nothing says it."""
+
+    name: str
+    peak_bus_tbps: float | None = None
+    peak_datasheet_tbps: float | None = None
+    read_ceiling_tbps: float | None = None
+    sm_count: int | None = None
+    sm_clock_mhz: float | None = None
+    capability: str | None = None
+    alu_rate: float | None = None  # thread-instructions per second
+    alu_rate_source: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def hopper(self) -> bool:
+        if self.capability:
+            return str(self.capability).startswith("9.")
+        return any(tag in self.name for tag in ("H100", "H200", "H800", "H20", "GH200"))
+
+    def compute_ceilings(self) -> dict[str, float]:
+        """Dense FLOP/s ceilings, derived for Hopper from SMs x clock; empty otherwise."""
+        if not (self.hopper and self.sm_count and self.sm_clock_mhz):
+            return {}
+        clock_hz = self.sm_clock_mhz * 1e6
+        return {k: v * self.sm_count * clock_hz for k, v in HOPPER_FLOP_PER_SM_CLOCK.items()}
+
+    def hbm_roofs(self) -> dict[str, float]:
+        """Label -> TB/s for every HBM roof that is known."""
+        roofs = {
+            "datasheet peak": self.peak_datasheet_tbps,
+            "bus-derived peak": self.peak_bus_tbps,
+            "measured read ceiling": self.read_ceiling_tbps,
+        }
+        return {k: v for k, v in roofs.items() if v}
+
+
+def _blocks(env: Any) -> Iterable[dict]:
+    """Every dict inside the environment, depth first (GPU blocks sit in env['gpus'])."""
+    if isinstance(env, dict):
+        yield env
+        for value in env.values():
+            yield from _blocks(value)
+    elif isinstance(env, list):
+        for value in env:
+            yield from _blocks(value)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) and out > 0 else None
+
+
+def find(envs: Iterable[dict], names: tuple[str, ...], gpu_name: str) -> Any:
+    """A key's value, preferring the block of the GPU named `gpu_name`, then any block."""
+    blocks = [b for env in envs for b in _blocks(env)]
+    mine = [b for b in blocks if b.get("name") == gpu_name]
+    for group in (mine, blocks):
+        for block in group:
+            for key in names:
+                if block.get(key) not in (None, ""):
+                    return block[key]
+    return None
+
+
+def _ratio_median(records: pd.DataFrame, frac_col: str) -> float | None:
+    """A roof implied by the records: eff_bandwidth / fraction-of-roof (they were divided by it)."""
+    ok = records[(records["eff_bandwidth_tbps"] > 0) & (records[frac_col] > 0)]
+    if ok.empty:
+        return None
+    return float((ok["eff_bandwidth_tbps"] / ok[frac_col]).median())
+
+
+def gpu_facts(gpu_name: str, envs: Iterable[dict], records: pd.DataFrame) -> GpuFacts:
+    """Facts of one GPU model from the run environments and that GPU's records."""
+    envs = list(envs)
+    facts = GpuFacts(name=gpu_name)
+    for attr, keys, frac in (
+        ("peak_bus_tbps", _BUS, "frac_peak_bus"),
+        ("peak_datasheet_tbps", _DATASHEET, "frac_peak_datasheet"),
+        ("read_ceiling_tbps", _CEILING, "frac_read_ceiling"),
+    ):
+        value = _number(find(envs, keys, gpu_name))
+        source = "run environment"
+        if value is None:
+            value, source = _ratio_median(records, frac), "implied by the records' fractions"
+        if value is not None:
+            setattr(facts, attr, value)
+            facts.sources[attr] = source
+    sms = _number(find(envs, _SMS, gpu_name))
+    facts.sm_count = int(sms) if sms else None
+    facts.sm_clock_mhz = _number(find(envs, _CLOCK, gpu_name))
+    if facts.sm_clock_mhz is None and records["sm_clock_mhz_before"].notna().any():
+        facts.sm_clock_mhz = float(records["sm_clock_mhz_before"].median())
+        facts.sources["sm_clock_mhz"] = "median SM clock sampled before timing"
+    cap = find(envs, _CAP, gpu_name)
+    facts.capability = str(cap) if cap else None
+    _set_alu_rate(facts)
+    return facts
+
+
+def _set_alu_rate(facts: GpuFacts) -> None:
+    if facts.hopper and facts.sm_count and facts.sm_clock_mhz:
+        facts.alu_rate = ALU_PER_SM_PER_CLOCK * facts.sm_count * facts.sm_clock_mhz * 1e6
+        facts.alu_rate_source = (
+            f"{ALU_PER_SM_PER_CLOCK} per SM per clock x {facts.sm_count} SMs x "
+            f"{facts.sm_clock_mhz:.0f} MHz"
+        )
+    elif "H200" in facts.name:
+        facts.alu_rate = H200_ALU_RATE
+        facts.alu_rate_source = "measured on our H200 (FOSCAR.md section 5)"

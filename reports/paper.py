@@ -1,0 +1,47 @@
+"""Reference figures from reports/data/paper.csv: the paper's, our H200 baselines and our targets, each sourced."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import pandas as pd
+
+PAPER_CSV = Path(__file__).parent / "data" / "paper.csv"
+SOURCES = {
+    "paper": "FOSCAR paper (arXiv 2611.09722)",
+    "h200-ref": "our H200 baselines (FOSCAR.md section 7)",
+    "h200-grid": "our H200 baseline grid (FOSCAR.md section 7)",
+    "targets": "our targets (FOSCAR.md section 8)",
+}
+
+
+@lru_cache(maxsize=1)
+def load() -> pd.DataFrame:
+    df = pd.read_csv(PAPER_CSV, keep_default_na=False, na_values=[""],
+                     dtype={"qualifier": str, "note": str, "backend": str, "over_backend": str})
+    for col in ("qualifier", "note", "backend", "over_backend", "over_kernel"):
+        df[col] = df[col].fillna("")
+    return df
+
+
+def lookup(source_id: str, table: str, metric: str, backend: str, gpu: str | None = None,
+           over_backend: str | None = None) -> tuple[float | None, str]:
+    """(value, qualifier) of one figure, or (None, '') when the source has none."""
+    df = load()
+    hit = df[(df["source_id"] == source_id) & (df["table"] == table) & (df["metric"] == metric)
+             & (df["backend"] == backend)]
+    if gpu is not None:
+        hit = hit[hit["gpu"] == gpu]
+    if over_backend is not None:
+        hit = hit[hit["over_backend"] == over_backend]
+    if hit.empty:
+        return None, ""
+    row = hit.iloc[0]
+    value = None if pd.isna(row["value"]) else float(row["value"])
+    return value, row["qualifier"]
+
+
+def sources_text() -> str:
+    df = load()
+    return "; ".join(f"{sid}: {text}" for sid, text in
+                     df.drop_duplicates("source_id")[["source_id", "source"]].itertuples(index=False))

@@ -1,0 +1,124 @@
+"""`foscar-bench report`: index.html, every figure as PNG and SVG, and a CSV per table, from selected runs."""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from reports import accuracy, captions, html, paper, roofline, scaling, tables
+from reports.gpu import gpu_facts
+from reports.plotting import save
+from reports.source import Results, latest_per_case
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "gpu"
+
+
+class _Page:
+    """Collects the body of index.html while figures and tables are written beside it."""
+
+    def __init__(self, out_dir: Path, results: Results, records: pd.DataFrame):
+        self.out, self.results, self.records, self.body = out_dir, results, records, []
+
+    def caption(self, what: str, records: pd.DataFrame) -> str:
+        return captions.caption(what, records, self.results.runs)
+
+    def figure(self, fig, stem: str, what: str, records: pd.DataFrame, missing: str) -> None:
+        if fig is None:
+            self.body.append(html.note(missing))
+            return
+        files = save(fig, self.out, stem)
+        self.body.append(html.figure(files, self.caption(what, records), alt=what))
+
+    def table(self, table: tables.Table, what: str) -> None:
+        for text in table.notes:
+            self.body.append(html.note(text))
+        if table.frame.empty:
+            return
+        csv_name = f"{table.name}.csv"
+        table.frame.to_csv(self.out / csv_name, index=False)
+        self.body.append(html.table(table.display, self.caption(what, self.records), csv_name))
+
+
+def build_report(results: Results, out_dir: Path, title: str = "FOSCAR decode-attention report") -> Path:
+    """Render the report of `results` into out_dir; returns the path of index.html."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = latest_per_case(results.records)
+    page = _Page(out_dir, results, records)
+    page.body.append(html.para(f"Store: {results.db}. " + captions.provenance(records, results.runs), "meta"))
+    page.body.extend(html.note(n) for n in results.notes)
+    if records.empty:
+        page.body.append(html.note("The selected runs hold no records: every figure and table below is empty."))
+    _paper_sections(page, records)
+    for gpu in sorted(records["gpu_name"].unique()):
+        _gpu_sections(page, records[records["gpu_name"] == gpu], gpu, results)
+    _accuracy_section(page, records)
+    page.body.append(html.heading("Record status", "status"))
+    page.table(tables.status_table(records), "Records per backend and status, with the first reason given.")
+    shutil.copyfile(paper.PAPER_CSV, out_dir / "paper_reference.csv")
+    page.body.append(html.para("Reference figures: " + paper.sources_text() + ". All in paper_reference.csv.", "meta"))
+    index = out_dir / "index.html"
+    index.write_text(html.page(title, page.body), encoding="utf-8")
+    return index
+
+
+def _paper_sections(page: _Page, records: pd.DataFrame) -> None:
+    page.body.append(html.heading("1. The paper's bandwidth table, with our measurements", "bandwidth"))
+    page.table(tables.bandwidth_table(records),
+               "Measured: effective bandwidth (bytes the byte model requires / median kernel time) at "
+               "batch 128, KV 32K, as a fraction of each peak, beside the paper's H100/B200 fractions of "
+               "peak HBM bandwidth, our earlier H200 measurement and our targets.")
+    page.body.append(html.heading("2. Speedups", "speedups"))
+    page.table(tables.speedup_table(records),
+               "Measured: geometric mean over the selected runs' cases of baseline time / our time, "
+               "counting only cases where both passed on the same shape and GPU; paper values beside.")
+    pairs = tables.case_speedups(records)
+    if not pairs.empty:
+        pairs.to_csv(page.out / "speedups_per_case.csv", index=False)
+        page.body.append(html.para("Per-case speedups: speedups_per_case.csv.", "meta"))
+
+
+def _gpu_sections(page: _Page, recs: pd.DataFrame, gpu: str, results: Results) -> None:
+    envs = [results.env(r) for r in recs["run_id"].unique()]
+    facts = gpu_facts(gpu, envs, recs)
+    tag = slug(gpu)
+    page.body.append(html.heading(f"3. Rooflines: {gpu}", f"roofline-{tag}"))
+    roofs = ", ".join(f"{k} {v:.2f} TB/s ({facts.sources.get(a, 'run environment')})" for (k, v), a in
+                      zip(facts.hbm_roofs().items(), ("peak_datasheet_tbps", "peak_bus_tbps", "read_ceiling_tbps")))
+    alu = (f"ALU pipe rate {facts.alu_rate / 1e12:.1f}e12 thread-instructions/s ({facts.alu_rate_source})"
+           if facts.alu_rate else "ALU pipe rate unknown for this GPU: no issue roofs drawn")
+    page.figure(
+        roofline.bandwidth_vs_bytes(recs, facts), f"roofline_bandwidth_{tag}",
+        f"(3a) Measured: effective bandwidth of every passed record against the bytes it reads per KV "
+        f"element (large markers: batch 128, KV 32K, else each backend's largest case). HBM roofs: "
+        f"{roofs or 'unknown'}. Issue roofs: ALU rate / ALU per element x bytes per element; {alu}.",
+        recs, "(3a) No passed record with bytes and a bandwidth on this GPU: nothing to plot.")
+    page.figure(
+        roofline.classic(recs, facts), f"roofline_classic_{tag}",
+        "(3b) Measured: FLOP/s (byte model's FLOPs / median time) against FLOP per byte read, for every "
+        "passed record; compute ceilings derived as SMs x clock x per-SM rate, memory diagonals as above.",
+        recs, "(3b) No passed record with FLOPs, bytes and a time on this GPU: nothing to plot.")
+    page.body.append(html.heading(f"4. Latency and bandwidth against KV length and batch: {gpu}", f"scaling-{tag}"))
+    for axis, what in (("kv_len", "KV length"), ("batch", "batch")):
+        fig, shape = scaling.scaling(recs, axis)
+        page.figure(
+            fig, f"scaling_{axis}_{tag}",
+            f"(4) Measured: median kernel time (top, log scale) and effective bandwidth as % of the "
+            f"bus-derived peak (bottom) against {what}; {shape}; solid lines ours, dashed baselines; "
+            "median over K/V formats where a backend ran several.",
+            recs, f"(4) Fewer than two {what} values with passed records on this GPU: no {what} plot.")
+
+
+def _accuracy_section(page: _Page, records: pd.DataFrame) -> None:
+    page.body.append(html.heading("5. Accuracy", "accuracy"))
+    page.figure(
+        accuracy.accuracy(records), "accuracy",
+        "(5) Measured: relative L2 error of each backend's output against a float64 attention over "
+        "the same source (median, whiskers min to max over records), beside the relative error of "
+        "its quantized cache against the source alone.",
+        records, "(5) No record carries a relative error: no accuracy plot.")
+    page.table(tables.accuracy_table(records), "Relative L2 errors per backend and width.")

@@ -1,0 +1,103 @@
+"""Series over commits: what one series is, commit order, and pairing two points of the store for comparison."""
+from __future__ import annotations
+
+import pandas as pd
+
+from reports import noise
+from reports.plotting import kv_label
+
+SHAPE_KEYS = ["batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim"]
+FORMAT_KEYS = ["bits", "k_mode", "v_mode", "group_size", "page_size"]
+SERIES_KEYS = ["gpu_name", "backend", *SHAPE_KEYS, *FORMAT_KEYS]
+
+
+def shape_label(row) -> str:
+    return (f"batch {int(row['batch'])}, KV {kv_label(row['kv_len'])}, "
+            f"{int(row['num_q_heads'])}q/{int(row['num_kv_heads'])}kv heads, d {int(row['head_dim'])}")
+
+
+def format_label(row) -> str:
+    if row.get("k_mode") in (None, "none") or pd.isna(row.get("k_mode")):
+        return f"{int(row['bits'])}-bit" if pd.notna(row.get("bits")) else ""
+    return f"int{int(row['bits'])} g{int(row['group_size'])} K:{row['k_mode']} V:{row['v_mode']}"
+
+
+def format_short(row) -> str:
+    """'int2 g128 Kc Vt' (K channel-wise, V token-wise), or '16-bit'."""
+    if row.get("k_mode") in (None, "none") or pd.isna(row.get("k_mode")):
+        return f"{int(row['bits'])}-bit" if pd.notna(row.get("bits")) else ""
+    return f"int{int(row['bits'])} g{int(row['group_size'])} K{row['k_mode'][0]} V{row['v_mode'][0]}"
+
+
+def series_name(row) -> str:
+    """A unique, readable benchmark name for exports."""
+    return (f"{row['gpu_name']} / {row['backend']} / b{int(row['batch'])} kv{int(row['kv_len'])} "
+            f"h{int(row['num_q_heads'])}x{int(row['num_kv_heads'])} d{int(row['head_dim'])} "
+            f"{format_label(row)} p{int(row['page_size']) if pd.notna(row['page_size']) else '?'}")
+
+
+def points(runs: pd.DataFrame) -> pd.DataFrame:
+    """One point per code state, oldest first: a commit (sha plus dirty flag), or a run
+    without a sha. Columns: point, label, sha, run_ids, started_at."""
+    rows = {}
+    for _, run in runs.sort_values("started_at").iterrows():
+        sha = run["git_sha"] if isinstance(run["git_sha"], str) and run["git_sha"] else None
+        dirty = run["git_dirty"] in (1, True, "1")
+        key = (sha, dirty) if sha else ("run", run["run_id"])
+        label = (sha[:8] + ("+dirty" if dirty else "")) if sha else f"run {run['run_id']}"
+        entry = rows.setdefault(key, {"label": label, "sha": sha, "run_ids": [], "started_at": run["started_at"]})
+        entry["run_ids"].append(run["run_id"])
+    out = pd.DataFrame(list(rows.values()), columns=["label", "sha", "run_ids", "started_at"])
+    out.insert(0, "point", range(len(out)))
+    return out
+
+
+def latest_records(records: pd.DataFrame) -> pd.DataFrame:
+    """The newest record of each series among `records` (reruns at one commit count once)."""
+    order = records.sort_values(["started_at", "created_at"], na_position="first", kind="stable")
+    return order.drop_duplicates(SERIES_KEYS, keep="last")
+
+
+def per_point(records: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Records tagged with their point (commit) and reduced to one per (point, series)."""
+    pts = points(runs)
+    run_point = {rid: (p, label) for p, label, ids in zip(pts["point"], pts["label"], pts["run_ids"]) for rid in ids}
+    recs = records[records["run_id"].isin(run_point)].copy()
+    recs["point"] = recs["run_id"].map(lambda r: run_point[r][0])
+    recs["point_label"] = recs["run_id"].map(lambda r: run_point[r][1])
+    parts = [latest_records(g) for _, g in recs.groupby("point")]
+    return pd.concat(parts) if parts else recs
+
+
+def pair(base: pd.DataFrame, head: pd.DataFrame, min_change: float) -> pd.DataFrame:
+    """Every series in BASE or HEAD, with both medians, bands, relative change of the
+    median time and a verdict: regression / improvement / within noise, or a status change
+    ('now <status>' when HEAD stopped passing, 'fixed', 'new', 'gone')."""
+    cols = [*SERIES_KEYS, "status", "median_us", "p10_us", "p90_us"]
+    merged = latest_records(base)[cols].merge(
+        latest_records(head)[cols], on=SERIES_KEYS, how="outer", suffixes=("_base", "_head"))
+    verdicts, changes = [], []
+    for _, row in merged.iterrows():
+        verdict, change = _verdict(row, min_change)
+        verdicts.append(verdict)
+        changes.append(change)
+    merged["change"] = changes
+    merged["verdict"] = verdicts
+    return merged
+
+
+def _verdict(row, min_change: float) -> tuple[str, float | None]:
+    sb, sh = row["status_base"], row["status_head"]
+    if pd.isna(sb):
+        return "new", None
+    if pd.isna(sh):
+        return "gone", None
+    if sb == "passed" and sh != "passed":
+        return f"now {sh}", None
+    if sb != "passed" and sh == "passed":
+        return "fixed", None
+    if sb != "passed" or not (row["median_us_base"] > 0 and row["median_us_head"] > 0):
+        return "not timed", None
+    base = noise.Sample(row["median_us_base"], row["p10_us_base"], row["p90_us_base"])
+    head = noise.Sample(row["median_us_head"], row["p10_us_head"], row["p90_us_head"])
+    return noise.classify(base, head, min_change), noise.relative_change(base, head)

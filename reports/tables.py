@@ -1,0 +1,241 @@
+"""Report tables: paper bandwidth table beside ours, geomean speedups, accuracy and record status."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from reports import catalog, paper
+
+HEADLINE_BATCH = 128
+HEADLINE_KV = 32768
+SHAPE = ["gpu_name", "batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim"]
+
+
+@dataclass
+class Table:
+    """One table: `frame` is written to CSV as is; `display` is what the page shows."""
+
+    name: str
+    title: str
+    frame: pd.DataFrame
+    display: pd.DataFrame
+    caption: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def pct(value, qualifier: str = "") -> str:
+    if qualifier == "n/a":
+        return "n/a"
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{qualifier + ' ' if qualifier else ''}{100 * value:.1f}%"
+
+
+def num(value, fmt: str = "{:.3g}", qualifier: str = "") -> str:
+    if qualifier == "n/a":
+        return "n/a"
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return (qualifier + " " if qualifier else "") + fmt.format(value)
+
+
+def fmt_label(row) -> str:
+    if row.get("k_mode") in (None, "none") or pd.isna(row.get("k_mode")):
+        return ""
+    return f"K {row['k_mode']}, V {row['v_mode']}, g{int(row['group_size'])}"
+
+
+def headline(records: pd.DataFrame) -> pd.DataFrame:
+    return records[(records["batch"] == HEADLINE_BATCH) & (records["kv_len"] == HEADLINE_KV)]
+
+
+def bandwidth_table(records: pd.DataFrame) -> Table:
+    """Table 1: fraction of peak HBM bandwidth at batch 128, KV 32K, ours beside the paper's."""
+    rows = []
+    head = headline(records)
+    for _, r in head.iterrows():
+        rows.append(_bandwidth_row(r["backend"], r))
+    measured = set(head["backend"])
+    for backend in sorted(set(paper.load().query("table == 'bandwidth'")["backend"]) - measured - {""}):
+        if not backend.endswith("*"):
+            rows.append(_bandwidth_row(backend, None))
+    for _, r in paper.load().query("table == 'bandwidth' and backend == ''").drop_duplicates("kernel").iterrows():
+        rows.append(_bandwidth_row("", None, paper_kernel=r["kernel"]))
+    frame = pd.DataFrame(rows)
+    frame = frame.sort_values(["measured", "order", "gpu_name"], ascending=[False, True, True]).drop(
+        columns=["order", "measured"])
+    notes = []
+    if head.empty:
+        notes.append(
+            f"No records at batch {HEADLINE_BATCH}, KV {HEADLINE_KV // 1024}K in the selected runs: "
+            "only the paper's and reference values are shown (run the `paper` preset)."
+        )
+    return Table("bandwidth", "Fraction of peak HBM bandwidth at batch 128, KV 32K", frame,
+                 _bandwidth_display(frame), notes=notes)
+
+
+def _bandwidth_row(backend: str, r, paper_kernel: str = "") -> dict:
+    h100 = paper.lookup("paper", "bandwidth", "frac_peak_hbm", backend, "H100") if backend else (None, "")
+    b200 = paper.lookup("paper", "bandwidth", "frac_peak_hbm", backend, "B200") if backend else (None, "")
+    if paper_kernel:
+        hit = paper.load().query("table == 'bandwidth' and kernel == @paper_kernel")
+        for gpu in ("H100", "B200"):
+            g = hit[hit["gpu"] == gpu]
+            pair = (None if g.empty or pd.isna(g["value"].iloc[0]) else float(g["value"].iloc[0]),
+                    "" if g.empty else g["qualifier"].iloc[0])
+            h100, b200 = (pair, b200) if gpu == "H100" else (h100, pair)
+    ref, _ = paper.lookup("h200-ref", "bandwidth", "frac_peak_bus", backend) if backend else (None, "")
+    target, tq = paper.lookup("targets", "bandwidth", "frac_peak_bus", backend) if backend else (None, "")
+    get = (lambda c: r[c]) if r is not None else (lambda c: None)
+    return {
+        "measured": r is not None,
+        "order": catalog.sort_key(backend)[0] if backend else 99,
+        "gpu_name": get("gpu_name") if r is not None else "",
+        "backend": backend,
+        "kernel": catalog.label(backend) if backend else f"{paper_kernel} (no backend of ours runs it)",
+        "bits": get("bits"),
+        "format": fmt_label(r) if r is not None else "",
+        "status": get("status") if r is not None else "not in the selected runs",
+        "median_us": get("median_us"),
+        "eff_bandwidth_tbps": get("eff_bandwidth_tbps"),
+        "frac_peak_bus": get("frac_peak_bus"),
+        "frac_peak_datasheet": get("frac_peak_datasheet"),
+        "frac_read_ceiling": get("frac_read_ceiling"),
+        "paper_h100": h100[0], "paper_h100_qualifier": h100[1],
+        "paper_b200": b200[0], "paper_b200_qualifier": b200[1],
+        "h200_reference_frac_bus": ref,
+        "target_frac_bus": target, "target_qualifier": tq,
+    }
+
+
+def _bandwidth_display(frame: pd.DataFrame) -> pd.DataFrame:
+    if frame.empty:
+        return frame
+    out = pd.DataFrame({
+        "GPU": frame["gpu_name"],
+        "kernel": frame["kernel"],
+        "bits": [num(b, "{:.0f}") for b in frame["bits"]],
+        "format": frame["format"],
+        "status": frame["status"],
+        "time (ms)": [num(v / 1000 if v == v and v is not None else None, "{:.3f}") for v in frame["median_us"]],
+        "eff. bandwidth (TB/s)": [num(v, "{:.2f}") for v in frame["eff_bandwidth_tbps"]],
+        "of bus peak": [pct(v) for v in frame["frac_peak_bus"]],
+        "of datasheet peak": [pct(v) for v in frame["frac_peak_datasheet"]],
+        "of read ceiling": [pct(v) for v in frame["frac_read_ceiling"]],
+        "paper H100": [pct(v, q) for v, q in zip(frame["paper_h100"], frame["paper_h100_qualifier"])],
+        "paper B200": [pct(v, q) for v, q in zip(frame["paper_b200"], frame["paper_b200_qualifier"])],
+        "our H200 ref. (§7)": [pct(v) for v in frame["h200_reference_frac_bus"]],
+        "target (§8)": [pct(v, q) for v, q in zip(frame["target_frac_bus"], frame["target_qualifier"])],
+    })
+    return out
+
+
+def case_speedups(records: pd.DataFrame) -> pd.DataFrame:
+    """Per case: our kernel's time against each baseline's on the same shape and GPU.
+
+    Only passed records count. A baseline that ran one shape in several formats (e.g. two
+    K/V modes) contributes the median of its times for that shape.
+    """
+    ok = records[(records["status"] == "passed") & (records["median_us"] > 0)]
+    ours = ok[[catalog.is_ours(b, f) for b, f in zip(ok["backend"], ok["family"])]]
+    base = ok[[catalog.is_baseline(b, f) for b, f in zip(ok["backend"], ok["family"])]]
+    if ours.empty or base.empty:
+        return pd.DataFrame(columns=[*SHAPE, "backend", "over", "ours_us", "over_us", "speedup"])
+    base_t = base.groupby([*SHAPE, "backend"], as_index=False)["median_us"].median()
+    base_t = base_t.rename(columns={"backend": "over", "median_us": "over_us"})
+    pairs = ours[[*SHAPE, "backend", "k_mode", "v_mode", "group_size", "median_us"]].merge(base_t, on=SHAPE)
+    pairs = pairs.rename(columns={"median_us": "ours_us"})
+    pairs["speedup"] = pairs["over_us"] / pairs["ours_us"]
+    return pairs
+
+
+def speedup_table(records: pd.DataFrame) -> Table:
+    """Table 2: geometric-mean speedup of each of our kernels over each baseline."""
+    pairs = case_speedups(records)
+    rows = []
+    for (gpu, ours, over), g in pairs.groupby(["gpu_name", "backend", "over"]):
+        h100 = paper.lookup("paper", "speedup", "speedup_geomean", ours, "H100", over)
+        b200 = paper.lookup("paper", "speedup", "speedup_geomean", ours, "B200", over)
+        target = paper.lookup("targets", "speedup", "speedup_geomean", ours, None, over)
+        rows.append({
+            "gpu_name": gpu, "kernel": ours, "over": over, "n_cases": len(g),
+            "geomean_speedup": float(np.exp(np.log(g["speedup"]).mean())),
+            "min_speedup": g["speedup"].min(), "max_speedup": g["speedup"].max(),
+            "batches": ",".join(str(int(b)) for b in sorted(g["batch"].unique())),
+            "kv_lens": ",".join(str(int(k)) for k in sorted(g["kv_len"].unique())),
+            "paper_h100": h100[0], "paper_h100_qualifier": h100[1],
+            "paper_b200": b200[0], "paper_b200_qualifier": b200[1],
+            "target": target[0], "target_qualifier": target[1],
+        })
+    frame = pd.DataFrame(rows)
+    notes = []
+    if frame.empty:
+        notes.append("No case where one of our kernels and a baseline both passed on the same "
+                     "shape and GPU: no speedups to show.")
+        return Table("speedups", "Geometric-mean speedups", frame, frame, notes=notes)
+    frame = frame.sort_values(["gpu_name", "kernel", "over"],
+                              key=lambda s: s.map(lambda v: catalog.sort_key(v)) if s.name != "gpu_name" else s)
+    display = pd.DataFrame({
+        "GPU": frame["gpu_name"],
+        "ours": frame["kernel"].map(catalog.label),
+        "over": frame["over"].map(catalog.label),
+        "cases": frame["n_cases"],
+        "geomean speedup": [f"{v:.2f}x" for v in frame["geomean_speedup"]],
+        "range": [f"{a:.2f}x to {b:.2f}x" for a, b in zip(frame["min_speedup"], frame["max_speedup"])],
+        "paper H100": [num(v, "{:.2f}x", q) for v, q in zip(frame["paper_h100"], frame["paper_h100_qualifier"])],
+        "paper B200": [num(v, "{:.2f}x", q) for v, q in zip(frame["paper_b200"], frame["paper_b200_qualifier"])],
+        "target (§8, H200 grid)": [num(v, "{:.1f}x", q) for v, q in zip(frame["target"], frame["target_qualifier"])],
+    })
+    return Table("speedups", "Geometric-mean speedups of our kernels", frame, display, notes=notes)
+
+
+def accuracy_table(records: pd.DataFrame) -> Table:
+    """Table 5: each backend's error against float64 beside its quantization's own error."""
+    have = records[records["rel_error"].notna() | records["quant_rel_error"].notna()]
+    if have.empty:
+        empty = pd.DataFrame()
+        return Table("accuracy", "Accuracy", empty, empty,
+                     notes=["No record carries a relative error: nothing to show."])
+    rows = []
+    for (gpu, backend, bits), g in have.groupby(["gpu_name", "backend", "bits"], dropna=False):
+        rows.append({
+            "gpu_name": gpu, "backend": backend, "bits": bits, "n_records": len(g),
+            "n_incorrect": int((g["status"] == "incorrect").sum()),
+            "rel_error_median": g["rel_error"].median(), "rel_error_max": g["rel_error"].max(),
+            "quant_rel_error_median": g["quant_rel_error"].median(),
+            "quant_rel_error_max": g["quant_rel_error"].max(),
+        })
+    frame = pd.DataFrame(rows).sort_values(["gpu_name", "backend"], key=_order_key)
+    display = pd.DataFrame({
+        "GPU": frame["gpu_name"], "backend": frame["backend"].map(catalog.label),
+        "bits": [num(b, "{:.0f}") for b in frame["bits"]], "records": frame["n_records"],
+        "incorrect": frame["n_incorrect"],
+        "rel. error vs float64, median": [num(v, "{:.2e}") for v in frame["rel_error_median"]],
+        "max": [num(v, "{:.2e}") for v in frame["rel_error_max"]],
+        "quantization alone, median": [num(v, "{:.2e}") for v in frame["quant_rel_error_median"]],
+        "max ": [num(v, "{:.2e}") for v in frame["quant_rel_error_max"]],
+    })
+    return Table("accuracy", "Relative L2 error", frame, display)
+
+
+def status_table(records: pd.DataFrame) -> Table:
+    """How many records of each backend passed, failed or were skipped, with a reason."""
+    if records.empty:
+        empty = pd.DataFrame()
+        return Table("status", "Record status", empty, empty, notes=["The selected runs hold no records."])
+    rows = []
+    for (gpu, backend, status), g in records.groupby(["gpu_name", "backend", "status"], dropna=False):
+        reasons = g["reason"].dropna()
+        rows.append({"gpu_name": gpu, "backend": backend, "status": status, "records": len(g),
+                     "example_reason": str(reasons.iloc[0])[:200] if len(reasons) else ""})
+    frame = pd.DataFrame(rows).sort_values(["gpu_name", "backend"], key=_order_key)
+    display = frame.rename(columns={"gpu_name": "GPU", "example_reason": "reason (first)"})
+    display["backend"] = display["backend"].map(catalog.label)
+    return Table("status", "Record status per backend", frame, display)
+
+
+def _order_key(col: pd.Series) -> pd.Series:
+    return col.map(lambda v: catalog.sort_key(v)) if col.name == "backend" else col

@@ -1,0 +1,312 @@
+"""The results store: one SQLite file (stdlib sqlite3) of runs and records, with a
+versioned schema. Sweeps write it, one committed row per record; reports only read it."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+DEFAULT_DB = Path("results/foscar.sqlite")
+
+# The status of a record (flashinfer-bench's enum, plus `crashed` and `skipped`).
+STATUSES = ("passed", "incorrect", "crashed", "timeout", "unsupported", "skipped", "compile_error")
+
+# Flat record columns, with their SQLite types. Keys not listed go to `extra_json`.
+RECORD_COLUMNS: dict[str, str] = {
+    "run_id": "TEXT NOT NULL",
+    "case_key": "TEXT NOT NULL",
+    "backend": "TEXT NOT NULL",
+    "family": "TEXT",
+    "bits": "INTEGER",
+    "batch": "INTEGER",
+    "kv_len": "INTEGER",
+    "num_q_heads": "INTEGER",
+    "num_kv_heads": "INTEGER",
+    "head_dim": "INTEGER",
+    "k_mode": "TEXT",
+    "v_mode": "TEXT",
+    "group_size": "INTEGER",
+    "page_size": "INTEGER",
+    "model": "TEXT",
+    "gpu_index": "INTEGER",
+    "gpu_name": "TEXT",
+    "gpu_uuid": "TEXT",
+    "status": "TEXT NOT NULL",
+    "reason": "TEXT",
+    "median_us": "REAL",
+    "p10_us": "REAL",
+    "p90_us": "REAL",
+    "n_samples": "INTEGER",
+    "l2_policy": "TEXT",
+    "bytes": "INTEGER",
+    "flops": "INTEGER",
+    "eff_bandwidth_tbps": "REAL",
+    "frac_peak_bus": "REAL",
+    "frac_peak_datasheet": "REAL",
+    "frac_read_ceiling": "REAL",
+    "rel_error": "REAL",
+    "quant_rel_error": "REAL",
+    "sm_clock_mhz_before": "REAL",
+    "sm_clock_mhz_after": "REAL",
+    "throttled": "INTEGER",
+    "throttle_reasons": "TEXT",
+    "alu_per_elem": "REAL",
+    "inst_per_elem": "REAL",
+    "pipe_mix_json": "TEXT",
+    "dram_bytes_read": "REAL",
+    "dram_model_ratio": "REAL",
+    "alu_static_per_elem": "REAL",
+    "created_at": "TEXT",
+    "extra_json": "TEXT",
+}
+
+RUN_COLUMNS: dict[str, str] = {
+    "run_id": "TEXT PRIMARY KEY",
+    "started_at": "TEXT NOT NULL",
+    "git_sha": "TEXT",
+    "git_dirty": "INTEGER",
+    "argv": "TEXT",
+    "config_json": "TEXT",
+    "config_hash": "TEXT",
+    "env_json": "TEXT",
+}
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def config_hash(config: dict) -> str:
+    blob = json.dumps(config, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def git_state(cwd: str | os.PathLike | None = None) -> tuple[str | None, bool | None]:
+    """(sha, dirty) of the source tree this code runs from; (None, None) outside git."""
+    where = cwd or Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10
+        )
+        if sha.returncode:
+            return None, None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"],
+            cwd=where, capture_output=True, text=True, timeout=10,
+        )
+        return sha.stdout.strip(), bool(dirty.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return value.item()
+    return value
+
+
+class ResultStore:
+    """Runs and their records in one SQLite file. Safe to reopen; every write commits."""
+
+    def __init__(self, path: str | os.PathLike = DEFAULT_DB):
+        self.path = Path(path)
+        if str(self.path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(str(self.path), timeout=60)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self._init_schema()
+
+    # --- schema -------------------------------------------------------------------------
+    def _init_schema(self) -> None:
+        c = self.conn
+        c.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+        row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is not None and int(row[0]) > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"{self.path} has schema version {row[0]}, newer than this code's "
+                f"{SCHEMA_VERSION}; update foscar-bench to read it."
+            )
+        cols = ", ".join(f"{k} {v}" for k, v in RUN_COLUMNS.items())
+        c.execute(f"CREATE TABLE IF NOT EXISTS runs ({cols})")
+        cols = ", ".join(f"{k} {v}" for k, v in RECORD_COLUMNS.items())
+        c.execute(f"CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY AUTOINCREMENT, {cols})")
+        c.execute("CREATE INDEX IF NOT EXISTS records_run ON records (run_id, case_key, backend)")
+        # Columns added to RECORD_COLUMNS later appear in old files too.
+        have = {r[1] for r in c.execute("PRAGMA table_info(records)")}
+        for name, typ in RECORD_COLUMNS.items():
+            if name not in have:
+                c.execute(f"ALTER TABLE records ADD COLUMN {name} {typ.replace(' NOT NULL', '')}")
+        c.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+            (str(SCHEMA_VERSION),),
+        )
+        c.commit()
+
+    @property
+    def schema_version(self) -> int:
+        row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0])
+
+    # --- runs ---------------------------------------------------------------------------
+    def start_run(
+        self, *, argv: Iterable[str], config: dict, env: dict, run_id: str | None = None
+    ) -> str:
+        """Record a new run (or return `run_id` unchanged if it already exists: resume)."""
+        if run_id and self.has_run(run_id):
+            return run_id
+        run_id = run_id or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        sha, dirty = git_state()
+        self.conn.execute(
+            "INSERT INTO runs (run_id, started_at, git_sha, git_dirty, argv, config_json, "
+            "config_hash, env_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run_id, utc_now(), sha, None if dirty is None else int(dirty),
+                json.dumps(list(argv)), json.dumps(config, sort_keys=True, default=str),
+                config_hash(config), json.dumps(env, default=str),
+            ),
+        )
+        self.conn.commit()
+        return run_id
+
+    def has_run(self, run_id: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is not None
+
+    def run_info(self, run_id: str) -> dict[str, Any]:
+        cur = self.conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,))
+        row = cur.fetchone()
+        if row is None:
+            raise KeyError(f"run {run_id!r} is not in {self.path}.")
+        info = dict(zip([d[0] for d in cur.description], row))
+        info["config"] = json.loads(info.pop("config_json") or "{}")
+        info["env"] = json.loads(info.pop("env_json") or "{}")
+        info["argv"] = json.loads(info["argv"] or "[]")
+        return info
+
+    def update_run_env(self, run_id: str, patch: dict) -> None:
+        """Merge keys into a run's environment (workers report their GPU blocks and read
+        ceilings after the run has started)."""
+        row = self.conn.execute("SELECT env_json FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"run {run_id!r} is not in {self.path}.")
+        env = json.loads(row[0] or "{}")
+        for k, v in patch.items():
+            if isinstance(v, dict) and isinstance(env.get(k), dict):
+                env[k] = {**env[k], **v}
+            else:
+                env[k] = v
+        self.conn.execute("UPDATE runs SET env_json=? WHERE run_id=?", (json.dumps(env, default=str), run_id))
+        self.conn.commit()
+
+    def latest_run(self) -> str | None:
+        row = self.conn.execute("SELECT run_id FROM runs ORDER BY started_at DESC, rowid DESC LIMIT 1").fetchone()
+        return row[0] if row else None
+
+    def runs(self) -> pd.DataFrame:
+        df = pd.read_sql_query("SELECT * FROM runs ORDER BY started_at, rowid", self.conn)
+        counts = pd.read_sql_query(
+            "SELECT run_id, COUNT(*) AS n_records, SUM(status='passed') AS n_passed "
+            "FROM records GROUP BY run_id",
+            self.conn,
+        )
+        return df.merge(counts, on="run_id", how="left").fillna({"n_records": 0, "n_passed": 0})
+
+    # --- records ------------------------------------------------------------------------
+    def add_record(self, run_id: str, record: dict) -> None:
+        """Insert one record and commit at once, so a crash loses nothing written."""
+        rec = {k: _jsonable(v) for k, v in record.items()}
+        rec["run_id"] = run_id
+        status = rec.get("status")
+        if status not in STATUSES:
+            raise ValueError(f"record status {status!r} is not one of {STATUSES}.")
+        rec.setdefault("created_at", utc_now())
+        for key in ("case_key", "backend"):
+            if not rec.get(key):
+                raise ValueError(f"a record needs {key!r}.")
+        row, extra = {}, {}
+        for k, v in rec.items():
+            if k in RECORD_COLUMNS and k != "extra_json":
+                if isinstance(v, (dict, list)):
+                    v = json.dumps(v, default=str)
+                elif isinstance(v, bool):
+                    v = int(v)
+                row[k] = v
+            elif k != "extra_json":
+                extra[k] = v
+        if isinstance(rec.get("extra_json"), dict):
+            extra = {**rec["extra_json"], **extra}
+        if extra:
+            row["extra_json"] = json.dumps(extra, default=str)
+        names = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        self.conn.execute(f"INSERT INTO records ({names}) VALUES ({marks})", tuple(row.values()))
+        self.conn.commit()
+
+    def update_record(self, run_id: str, case_key: str, backend: str, **fields: Any) -> int:
+        """Set columns of the latest matching record (e.g. ALU figures); unknown keys are
+        merged into extra_json. Returns the number of rows changed (0 or 1)."""
+        row = self.conn.execute(
+            "SELECT id, extra_json FROM records WHERE run_id=? AND case_key=? AND backend=? "
+            "ORDER BY id DESC LIMIT 1",
+            (run_id, case_key, backend),
+        ).fetchone()
+        if row is None:
+            return 0
+        rec_id, extra_text = row
+        sets, extra = {}, json.loads(extra_text) if extra_text else {}
+        for k, v in fields.items():
+            v = _jsonable(v)
+            if k in RECORD_COLUMNS and k not in ("run_id", "case_key", "backend", "extra_json"):
+                sets[k] = json.dumps(v, default=str) if isinstance(v, (dict, list)) else (
+                    int(v) if isinstance(v, bool) else v
+                )
+            else:
+                extra[k] = v
+        if extra:
+            sets["extra_json"] = json.dumps(extra, default=str)
+        if not sets:
+            return 0
+        assignments = ", ".join(f"{k}=?" for k in sets)
+        self.conn.execute(f"UPDATE records SET {assignments} WHERE id=?", (*sets.values(), rec_id))
+        self.conn.commit()
+        return 1
+
+    def finished_keys(self, run_id: str) -> set[str]:
+        """'case_key|backend' of every record of the run: what --resume skips."""
+        rows = self.conn.execute(
+            "SELECT case_key, backend FROM records WHERE run_id=?", (run_id,)
+        ).fetchall()
+        return {f"{c}|{b}" for c, b in rows}
+
+    def records(self, run_id: str | None = None) -> pd.DataFrame:
+        """One row per record, with the run's started_at, git_sha and git_dirty."""
+        query = (
+            "SELECT r.*, runs.started_at, runs.git_sha, runs.git_dirty FROM records r "
+            "LEFT JOIN runs ON r.run_id = runs.run_id"
+        )
+        params: tuple = ()
+        if run_id is not None:
+            query += " WHERE r.run_id = ?"
+            params = (run_id,)
+        return pd.read_sql_query(query + " ORDER BY r.id", self.conn, params=params)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "ResultStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def record_key(case_key: str, backend: str) -> str:
+    return f"{case_key}|{backend}"

@@ -1,0 +1,98 @@
+"""The short terminal table a sweep ends with (and `results` prints by default)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+
+def _num(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, fmt)
+
+
+def _pct(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{100 * value:.1f}%"
+
+
+def latest_per_item(df: pd.DataFrame) -> pd.DataFrame:
+    """The last record of each (run, case, backend): a resumed or retried item counts once."""
+    if df.empty:
+        return df
+    return df.sort_values("id").groupby(["run_id", "case_key", "backend"], as_index=False).tail(1)
+
+
+def _case_label(r: Any, vary: set[str]) -> str:
+    """Short case name; heads, group size and modes only where they vary in the table."""
+    case = f"b{r.batch} kv{_kv(r.kv_len)}"
+    if "heads" in vary:
+        case += f" h{r.num_q_heads}/{r.num_kv_heads}d{r.head_dim}"
+    if r.k_mode not in (None, "none"):
+        case += f" i{r.bits}"
+        if "group_size" in vary:
+            case += f"g{r.group_size}"
+        if "modes" in vary:
+            case += f" k{str(r.k_mode)[0]}v{str(r.v_mode)[0]}"
+    return case
+
+
+def _varying(df: pd.DataFrame) -> set[str]:
+    vary = set()
+    if df[["num_q_heads", "num_kv_heads", "head_dim"]].drop_duplicates().shape[0] > 1:
+        vary.add("heads")
+    quant = df[df["k_mode"].fillna("none") != "none"]
+    if quant["group_size"].nunique() > 1:
+        vary.add("group_size")
+    if quant[["k_mode", "v_mode"]].drop_duplicates().shape[0] > 1:
+        vary.add("modes")
+    return vary
+
+
+def summary_table(df: pd.DataFrame, title: str | None = None):
+    """A rich renderable: a table (backend, case, status, median us, TB/s, % of the
+    bus-derived peak, relative error) that fits 80 columns, then one line per record that
+    did not pass, with its reason."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, pad_edge=False, box=None, header_style="bold", padding=(0, 1))
+    for name, justify in (
+        ("backend", "left"), ("case", "left"), ("status", "left"), ("median us", "right"),
+        ("TB/s", "right"), ("%bus", "right"), ("rel err", "right"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)
+    df = latest_per_item(df)
+    if df.empty:
+        return table
+    df = df.sort_values(["batch", "kv_len", "num_q_heads", "bits", "backend"], kind="stable")
+    vary = _varying(df)
+    colors = {"passed": "green", "incorrect": "red", "crashed": "red", "timeout": "red",
+              "compile_error": "red", "unsupported": "yellow", "skipped": "yellow"}
+    notes = []
+    for r in df.itertuples(index=False):
+        case = _case_label(r, vary)
+        status = r.status
+        if r.status == "passed" and getattr(r, "throttled", 0):
+            status += "*"
+            notes.append(f"* {r.backend} {case}: ran throttled ({r.throttle_reasons})")
+        elif r.status != "passed":
+            reason = str(r.reason or "").replace("\n", " ")
+            notes.append(f"{r.backend} {case}: {r.status}: {reason[:200]}")
+        table.add_row(
+            r.backend, case, f"[{colors.get(r.status, 'white')}]{status}[/]",
+            _num(r.median_us, ".1f"), _num(r.eff_bandwidth_tbps, ".2f"), _pct(r.frac_peak_bus),
+            _num(r.rel_error, ".1e"),
+        )
+    if not notes:
+        return table
+    return Group(table, Text(""), *[Text(n, overflow="fold") for n in notes])
+
+
+def _kv(n: Any) -> str:
+    n = int(n)
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)

@@ -1,0 +1,366 @@
+"""Run a sweep: expand cases, pair them with backends, skip what the run already holds,
+and farm the rest out to one worker process per device. The parent alone writes the
+store, one committed record at a time; a worker that dies or hangs is replaced and its
+case recorded `crashed` or `timeout`."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from baselines.base import Backend
+from suite.cases import Case
+from suite.runner import case_fields
+from suite.store import ResultStore, record_key
+
+CASE_TIMEOUT_S = 900.0  # FlashInfer may JIT-compile a kernel on its first case
+START_TIMEOUT_S = 600.0  # a worker's start: CUDA init plus the read-ceiling kernel
+MAX_START_FAILURES = 3
+
+
+@dataclass
+class Item:
+    item_id: int
+    case: Case
+    backend: Backend
+
+    @property
+    def key(self) -> str:
+        return record_key(self.case.key, self.backend.name)
+
+
+@dataclass
+class Slot:
+    index: int
+    device: str  # 'cpu' or a torch CUDA index
+    proc: Any = None
+    task_q: Any = None
+    item: Item | None = None
+    started_at: float | None = None
+    hello: dict | None = None
+    start_failures: int = 0
+    disabled: str | None = None
+    last_shape: str | None = None
+    restarts: int = 0
+    log_path: str | None = None
+    last_error: str | None = None
+    retiring: bool = False  # its worker said it will exit (fatal error): send it nothing
+    spawned_at: float = 0.0
+
+
+@dataclass
+class SweepOptions:
+    devices: list[str]
+    case_timeout_s: float = CASE_TIMEOUT_S
+    read_ceiling: bool = True
+    test_backends: bool = False
+    log_dir: str | None = None
+
+
+@dataclass
+class SweepOutcome:
+    run_id: str
+    written: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    gpus: dict[str, dict] = field(default_factory=dict)
+    interrupted: bool = False
+
+
+def _log_tail(path: str | None, n_chars: int = 1500) -> str:
+    """What the worker printed since it began its last case (its last words)."""
+    if not path or not os.path.exists(path):
+        return ""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 64_000))
+        text = f.read().decode(errors="replace")
+    marker = text.rfind("[worker ")
+    if marker >= 0:
+        nl = text.find("\n", marker)
+        text = text[nl + 1 :] if nl >= 0 else ""
+    text = " ".join(text.split())
+    return text[-n_chars:]
+
+
+class Sweep:
+    def __init__(self, store: ResultStore, run_id: str, items: list[Item], options: SweepOptions,
+                 on_record: Callable[[dict], None] | None = None,
+                 on_status: Callable[[str], None] | None = None):
+        self.store, self.run_id, self.options = store, run_id, options
+        self.pending: deque[Item] = deque(items)
+        self.on_record = on_record or (lambda rec: None)
+        self.on_status = on_status or (lambda msg: None)
+        self.ctx = mp.get_context("spawn")
+        self.results = self.ctx.Queue()
+        self.slots = [Slot(i, d) for i, d in enumerate(options.devices)]
+        self.outcome = SweepOutcome(run_id)
+        self.known_ceilings: dict[str, dict] = {}
+        self.requeued: set[int] = set()
+
+    # --- workers ------------------------------------------------------------------------
+    def _start(self, slot: Slot) -> None:
+        from suite.worker import worker_main
+
+        if self.options.log_dir:
+            slot.log_path = str(Path(self.options.log_dir) / f"worker{slot.index}-{slot.device}.log")
+        opts = {
+            "log_path": slot.log_path,
+            "read_ceiling": self.options.read_ceiling,
+            "known_ceilings": self.known_ceilings,
+            "test_backends": self.options.test_backends,
+        }
+        slot.task_q = self.ctx.Queue()
+        slot.proc = self.ctx.Process(
+            target=worker_main, args=(slot.index, slot.device, slot.task_q, self.results, opts),
+            daemon=True, name=f"foscar-worker-{slot.index}",
+        )
+        slot.proc.start()
+        slot.spawned_at = time.time()
+        slot.hello = None
+        slot.retiring = False
+
+    def _stop(self, slot: Slot, kill: bool = False) -> None:
+        if slot.proc is None:
+            return
+        if kill and slot.proc.is_alive():
+            slot.proc.kill()
+        slot.proc.join(timeout=10)
+        if slot.proc.is_alive():
+            slot.proc.kill()
+            slot.proc.join(timeout=5)
+        slot.proc = None
+
+    def _restart(self, slot: Slot) -> None:
+        self._stop(slot, kill=True)
+        slot.restarts += 1
+        if slot.start_failures >= MAX_START_FAILURES:
+            slot.disabled = (
+                f"worker on device {slot.device} failed to start {slot.start_failures} times: "
+                f"{slot.last_error or _log_tail(slot.log_path)}"
+            )
+            self.on_status(slot.disabled)
+            return
+        self._start(slot)
+
+    # --- records ------------------------------------------------------------------------
+    def _write(self, item: Item, record: dict, slot: Slot | None) -> None:
+        rec = {**case_fields(item.case, item.backend), **record}
+        if slot is not None and slot.hello:
+            for k in ("gpu_index", "gpu_name", "gpu_uuid"):
+                rec.setdefault(k, slot.hello.get(k))
+        self.store.add_record(self.run_id, rec)
+        self.outcome.written += 1
+        st = rec.get("status", "?")
+        self.outcome.counts[st] = self.outcome.counts.get(st, 0) + 1
+        self.on_record(rec)
+
+    def _next_item(self, slot: Slot) -> Item | None:
+        """Prefer the shape this worker holds (its source K/V is reused), then a shape no
+        other worker is on."""
+        if not self.pending:
+            return None
+        busy = {s.last_shape for s in self.slots if s is not slot and s.item is not None}
+        pick = None
+        for it in self.pending:
+            if it.case.shape_key == slot.last_shape:
+                pick = it
+                break
+        if pick is None:
+            pick = next((it for it in self.pending if it.case.shape_key not in busy), self.pending[0])
+        self.pending.remove(pick)
+        return pick
+
+    def _dispatch(self, slot: Slot) -> None:
+        if slot.disabled or slot.item is not None or slot.proc is None or slot.retiring:
+            return
+        item = self._next_item(slot)
+        if item is None:
+            return
+        slot.item, slot.started_at = item, None
+        slot.last_shape = item.case.shape_key
+        slot.task_q.put((item.item_id, item.case.as_dict(), item.backend.name))
+
+    # --- main loop ------------------------------------------------------------------------
+    def run(self) -> SweepOutcome:
+        for slot in self.slots:
+            self._start(slot)
+        try:
+            while self.pending or any(s.item is not None for s in self.slots):
+                if all(s.disabled for s in self.slots):
+                    self._fail_remaining()
+                    break
+                for slot in self.slots:
+                    self._dispatch(slot)
+                self._drain(timeout=0.5)
+                self._watch()
+        except KeyboardInterrupt:
+            self.outcome.interrupted = True
+            for slot in self.slots:
+                self._stop(slot, kill=True)
+            raise
+        finally:
+            self._shutdown()
+        return self.outcome
+
+    def _drain(self, timeout: float) -> None:
+        try:
+            msg = self.results.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            self._handle(msg)
+            try:
+                msg = self.results.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, msg: tuple) -> None:
+        kind, slot_index = msg[0], msg[1]
+        slot = self.slots[slot_index]
+        if kind == "hello":
+            slot.hello = msg[2]
+            slot.start_failures = 0
+            env = msg[2].get("gpu_env") or {}
+            if env.get("read_ceiling"):
+                self.known_ceilings[slot.device] = env["read_ceiling"]
+            self.outcome.gpus[slot.device] = msg[2]
+        elif kind == "start_failed":
+            slot.last_error = msg[2]
+            self.on_status(f"worker on device {slot.device} could not start: {msg[2]}")
+        elif kind == "start":
+            if slot.item is not None and slot.item.item_id == msg[2]:
+                slot.started_at = time.time()
+        elif kind == "record":
+            item = slot.item
+            if len(msg) > 4 and msg[4]:
+                slot.retiring = True
+            if item is not None and item.item_id == msg[2]:
+                self._write(item, msg[3], slot)
+                slot.item, slot.started_at = None, None
+
+    def _watch(self) -> None:
+        now = time.time()
+        for slot in self.slots:
+            if slot.disabled or slot.proc is None:
+                continue
+            if not slot.proc.is_alive():
+                self._drain(timeout=0.2)  # a record sent just before exiting
+                code = slot.proc.exitcode
+                item = slot.item
+                if slot.hello is None:
+                    # died while starting, before taking any case: give the case back
+                    slot.start_failures += 1
+                    if item is not None:
+                        self.pending.appendleft(item)
+                        slot.item = None
+                elif item is not None and slot.started_at is None and item.item_id not in self.requeued:
+                    # died before it began this case: the case is not to blame; once more
+                    self.requeued.add(item.item_id)
+                    self.pending.appendleft(item)
+                    slot.item = None
+                elif item is not None:
+                    tail = _log_tail(slot.log_path)
+                    self._write(item, {
+                        "status": "crashed",
+                        "reason": f"worker process died (exit code {code}) while running this case"
+                        + (f"; its last output: {tail}" if tail else ""),
+                    }, slot)
+                    slot.item = None
+                self._stop(slot)
+                if self.pending or any(s.item for s in self.slots):
+                    self._restart(slot)
+                continue
+            if slot.hello is None and now - slot.spawned_at > START_TIMEOUT_S:
+                self.on_status(f"worker on device {slot.device} did not start in {START_TIMEOUT_S:.0f} s; replacing it")
+                slot.start_failures += 1
+                slot.last_error = f"no answer {START_TIMEOUT_S:.0f} s after starting"
+                if slot.item is not None:
+                    self.pending.appendleft(slot.item)
+                    slot.item = None
+                self._restart(slot)
+                continue
+            if slot.item is not None and slot.started_at is not None:
+                if now - slot.started_at > self.options.case_timeout_s:
+                    item = slot.item
+                    self._stop(slot, kill=True)
+                    self._write(item, {
+                        "status": "timeout",
+                        "reason": f"no result after {self.options.case_timeout_s:.0f} s; the worker was killed and replaced",
+                    }, slot)
+                    slot.item = None
+                    self._restart(slot)
+
+    def _fail_remaining(self) -> None:
+        reasons = "; ".join(s.disabled or "" for s in self.slots)
+        while self.pending:
+            item = self.pending.popleft()
+            self._write(item, {"status": "crashed", "reason": f"no worker could run it: {reasons}"}, None)
+        for slot in self.slots:
+            if slot.item is not None:
+                self._write(slot.item, {"status": "crashed", "reason": f"no worker could run it: {reasons}"}, None)
+                slot.item = None
+
+    def _shutdown(self) -> None:
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.is_alive():
+                try:
+                    slot.task_q.put(None)
+                except Exception:  # noqa: BLE001
+                    pass
+        for slot in self.slots:
+            self._stop(slot)
+
+
+# --- the whole sweep, as the CLI runs it --------------------------------------------------
+def plan_items(cases: list[Case], backends: list[Backend]) -> list[Item]:
+    from suite.cases import pair
+
+    return [Item(i, c, b) for i, (c, b) in enumerate(pair(cases, backends))]
+
+
+def run_sweep(
+    *,
+    store: ResultStore,
+    run_id: str,
+    items: list[Item],
+    options: SweepOptions,
+    console: Any = None,
+    progress: bool = True,
+) -> SweepOutcome:
+    """Skip the run's finished items, run the rest with a progress bar, return counts."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    done = store.finished_keys(run_id)
+    todo = [it for it in items if it.key not in done]
+    if console is not None and len(todo) < len(items):
+        console.print(f"resuming run {run_id}: {len(items) - len(todo)} of {len(items)} already recorded")
+    if not todo:
+        return SweepOutcome(run_id)
+    bar = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}"), console=console, disable=not progress, transient=False,
+    )
+
+    with bar:
+        task = bar.add_task("sweep", total=len(todo), last="")
+
+        def on_record(rec: dict) -> None:
+            med = rec.get("median_us")
+            what = f"{rec['backend']} b{rec['batch']} kv{rec['kv_len']}: {rec['status']}"
+            if med:
+                what += f" {med:.1f} us"
+            bar.update(task, advance=1, last=what)
+
+        def on_status(msg: str) -> None:
+            bar.console.print(f"[yellow]{msg}")
+
+        sweep = Sweep(store, run_id, todo, options, on_record=on_record, on_status=on_status)
+        outcome = sweep.run()
+    if outcome.gpus:
+        store.update_run_env(run_id, {"workers": outcome.gpus})
+    return outcome

@@ -1,0 +1,106 @@
+"""FOSCAR CUDA kernels against the float64 reference over the same dequantized cache (GPU only)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import foscar
+from foscar.config import QuantConfig
+from foscar.reference import attention_f64
+
+pytestmark = pytest.mark.gpu
+
+TOLERANCE = 4e-3  # relative L2 vs float64 over the same dequantized cache: bf16 rounding level
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)
+
+
+if not _hopper():
+    pytest.skip("needs a Hopper (sm_90) CUDA GPU", allow_module_level=True)
+
+RNG = random.Random()  # fresh shapes every run; the failing seed is printed by the test id
+
+
+def _case(bits, group, k_mode, v_mode, *, batch=None, ratio=None, seed=None):
+    seed = RNG.randrange(1 << 30) if seed is None else seed
+    rng = random.Random(seed)
+    batch = batch or rng.choice([1, 2, 3, 5])
+    ratio = ratio or rng.choice([1, 4, 8])
+    num_kv_heads = rng.choice([1, 2, 8]) if ratio < 8 else rng.choice([1, 2])
+    page = rng.choice([p for p in (64, 128, 256) if p % group == 0])
+    # Lengths that are not multiples of the group or page size, unequal within the batch.
+    lens = [rng.randrange(1, 3 * page + group + 37) for _ in range(batch)]
+    config = QuantConfig(bits=bits, group_size=group, k_mode=k_mode, v_mode=v_mode, page_size=page)
+    return seed, config, lens, num_kv_heads, ratio
+
+
+def _run(config, lens, num_kv_heads, ratio, seed, variant="fold", num_splits=None, shuffle=True):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    batch, dim, max_len = len(lens), 128, max(lens)
+    k = torch.randn(batch, max_len, num_kv_heads, dim, device="cuda", generator=gen).to(torch.bfloat16)
+    v = torch.randn(batch, max_len, num_kv_heads, dim, device="cuda", generator=gen).to(torch.bfloat16)
+    # Per-channel outliers, as real keys have, so channel-wise groups matter.
+    k = k * (1 + 4 * torch.rand(dim, device="cuda", generator=gen)).to(torch.bfloat16)
+    q = torch.randn(batch, num_kv_heads * ratio, dim, device="cuda", generator=gen).to(torch.bfloat16)
+    cache = foscar.quantize(k, v, lens, config, shuffle_pages=shuffle, seed=seed)
+    out = torch.full_like(q, float("nan"))  # poison: an element never written fails
+    foscar.decode(q, cache, out=out, variant=variant, num_splits=num_splits)
+    torch.cuda.synchronize()
+    kd, vd = foscar.dequantize(cache, dtype=torch.float64)
+    ref = attention_f64(q, kd, vd, lens)
+    assert torch.isfinite(out).all(), "some output elements were never written (or are NaN)"
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    return err
+
+
+MODES = [("token", "token"), ("token", "channel"), ("channel", "token"), ("channel", "channel")]
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("k_mode,v_mode", MODES)
+def test_fold_matches_reference(bits, group, k_mode, v_mode):
+    seed, config, lens, hkv, ratio = _case(bits, group, k_mode, v_mode)
+    err = _run(config, lens, hkv, ratio, seed)
+    assert err <= TOLERANCE, f"seed={seed} lens={lens} hkv={hkv} ratio={ratio} page={config.page_size}: {err:.2e}"
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("k_mode,v_mode", MODES)
+def test_batch_129_and_forced_splits(bits, k_mode, v_mode):
+    seed, config, lens, hkv, ratio = _case(bits, 128, k_mode, v_mode, batch=129, ratio=4)
+    for splits in (1, 3):
+        err = _run(config, lens, hkv, ratio, seed, num_splits=splits)
+        assert err <= TOLERANCE, f"seed={seed} splits={splits}: {err:.2e}"
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+def test_long_context_many_splits(bits):
+    config = QuantConfig(bits=bits, group_size=128, k_mode="channel", v_mode="token", page_size=128)
+    seed = RNG.randrange(1 << 30)
+    err = _run(config, [8191, 5000], 2, 4, seed)
+    assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("group", [32, 128])
+def test_dequant_ablation_matches_reference(bits, group):
+    seed, config, lens, hkv, ratio = _case(bits, group, "channel", "token")
+    err = _run(config, lens, hkv, ratio, seed, variant="dequant")
+    assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
+
+
+def test_bad_input_is_one_clear_error():
+    config = QuantConfig(bits=4, group_size=128, page_size=128)
+    k = torch.randn(1, 100, 1, 128, device="cuda").to(torch.bfloat16)
+    cache = foscar.quantize(k, k.clone(), [100], config)
+    with pytest.raises(ValueError, match="bfloat16"):
+        foscar.decode(torch.randn(1, 4, 128, device="cuda"), cache)
+    with pytest.raises(ValueError, match="shape"):
+        foscar.decode(torch.randn(2, 4, 128, device="cuda").to(torch.bfloat16), cache)
+    with pytest.raises(ValueError, match="1 to 8"):
+        foscar.decode(torch.randn(1, 16, 128, device="cuda").to(torch.bfloat16), cache)

@@ -1,0 +1,46 @@
+"""GPU facts for rooflines (from env, else records) and the reference data file."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from reports import paper
+from reports.gpu import H200_ALU_RATE, gpu_facts
+from reports.source import normalise_records
+from reports_fixture import BUS_TBPS, ENV, _record
+import random
+
+
+def _records(n=3):
+    rng = random.Random(0)
+    return normalise_records(pd.DataFrame([_record("foscar-int4", 128, 32768, 1.0, rng) for _ in range(n)]))
+
+
+def test_facts_from_environment():
+    f = gpu_facts("NVIDIA H200", [ENV], _records())
+    assert f.peak_bus_tbps == pytest.approx(4.815, abs=1e-3)
+    assert f.peak_datasheet_tbps == 4.8 and f.read_ceiling_tbps == 4.44
+    assert f.alu_rate == pytest.approx(63.3 * 132 * 1980e6)
+    assert f.alu_rate == pytest.approx(H200_ALU_RATE, rel=0.01)
+    assert f.compute_ceilings()["BF16 tensor cores (dense)"] == pytest.approx(4096 * 132 * 1.98e9)
+
+
+def test_facts_fall_back_to_records_and_named_h200_rate():
+    f = gpu_facts("NVIDIA H200", [{}], _records())
+    assert f.peak_bus_tbps == pytest.approx(BUS_TBPS, rel=1e-9)  # eff / frac_peak_bus
+    assert f.read_ceiling_tbps == pytest.approx(4.44, rel=1e-6)
+    assert "records" in f.sources["peak_bus_tbps"]
+    assert f.alu_rate == H200_ALU_RATE  # no SM count in env: the measured figure
+    unknown = gpu_facts("Some GPU", [{}], _records().assign(frac_peak_bus=None, sm_clock_mhz_before=None))
+    assert unknown.peak_bus_tbps is None and unknown.alu_rate is None and unknown.compute_ceilings() == {}
+
+
+def test_paper_file_names_its_sources_and_holds_section_6():
+    df = paper.load()
+    assert set(df["source_id"]) == {"paper", "h200-ref", "h200-grid", "targets"}
+    assert df[df["source_id"] == "paper"]["source"].str.contains("arXiv 2611.09722").all()
+    assert paper.lookup("paper", "bandwidth", "frac_peak_hbm", "bitdecoding-int2", "B200") == (0.145, "")
+    assert paper.lookup("paper", "speedup", "speedup_geomean", "foscar-int4", "B200", "trtllm-xqa-fp8")[0] == 1.28
+    assert paper.lookup("paper", "speedup", "speedup_geomean", "foscar-int2", "H100", "trtllm-nvfp4")[1] == "n/a"
+    grid = df[df["source_id"] == "h200-grid"]
+    assert len(grid) == 16 * 2 * 2

@@ -1,0 +1,141 @@
+"""Static SASS analysis: parsing cuobjdump/nvdisasm listings, finding the main loop,
+counting per class and per KV element."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from suite.alu import sass
+from suite.alu.sass import Loop, SassError, analyze_function, find_loops, main_loop, parse_sass, static_alu
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def probe():
+    return {f.name: f for f in parse_sass((DATA / "sass_probe_sm90a.txt").read_text())}
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return parse_sass((DATA / "sass_demo_decode_sm90a.txt").read_text())
+
+
+def test_parse_functions_and_trim(probe):
+    assert set(probe) == {"probe_kv_loop", "probe_plain", "probe_zoo"}
+    f = probe["probe_kv_loop"]
+    assert f.arch == "sm_90a"
+    assert f.instructions[0].mnemonic == "LDC" and f.instructions[-1].mnemonic == "EXIT"  # NOP/trap cut
+    bra = [i for i in f.instructions if i.opcode == "BRA"]
+    assert [(i.predicate, i.target) for i in bra] == [("@!P0", 0x2B0), ("@!P0", 0x1B0)]
+
+
+def test_probe_main_loop_counts(probe):
+    res = analyze_function(probe["probe_kv_loop"], 8)
+    assert res.loop == (0x1B0, 0x2A0) and res.n_instructions == 16
+    c = res.by_class
+    assert (c["alu"], c["fma"], c["tensor"], c["memory"], c["control"], c["uniform"]) == (8, 2, 1, 2, 2, 1)
+    assert res.by_opcode["LOP3"] == 4 and res.by_opcode["SHF"] == 2
+    assert res.tensor_elems_per_body == 8.0 and res.unroll == 1.0
+    assert res.alu_per_elem == pytest.approx(1.0)  # a shift plus a LOP3 per bf16x2 register
+    assert res.inst_per_elem == pytest.approx(2.0)
+    assert res.per_elem["fma"] == pytest.approx(0.25)
+    assert res.notes == []
+
+
+def test_loop_without_tensor_work_and_loop_free_kernel(probe):
+    zoo = analyze_function(probe["probe_zoo"])
+    assert zoo.loop is not None and zoo.by_class["tensor"] == 0 and zoo.per_elem == {}
+    plain = analyze_function(probe["probe_plain"], 8)
+    assert plain.scope == "kernel" and plain.n_instructions == 16
+    assert "no loop found" in plain.notes[0]
+
+
+def test_whole_kernel_scope(probe):
+    res = analyze_function(probe["probe_kv_loop"], scope="kernel")
+    assert res.scope == "kernel" and res.loop is None
+    assert res.n_instructions == len(probe["probe_kv_loop"].instructions) == 57
+    assert sum(res.by_class.values()) == res.n_instructions
+    assert res.by_pipe["alu"] == 20 and res.half_rate_fma == 3  # IMAD.WIDE x3
+
+
+def test_nested_and_remainder_loops(demo):
+    f = demo[0]
+    assert find_loops(f) == [Loop(0x40, 0x90), Loop(0xA0, 0x260), Loop(0xC0, 0x230), Loop(0x270, 0x2E0)]
+    # the page loop holds the tile loop; the producer loop has no tensor work; the
+    # remainder loop has fewer tensor instructions
+    assert main_loop(f) == Loop(0xC0, 0x230)
+    res = analyze_function(f, 16)
+    assert res.tensor_elems_per_body == 32.0 and res.unroll == 2.0 and res.elems_per_body == 32.0
+    assert res.by_class["tensor"] == 4 and res.by_opcode["LOP3"] == 5
+    assert res.alu_per_elem == pytest.approx(res.by_class["alu"] / 32)
+    by_tpi = analyze_function(f, 16, tensor_per_iter=2)
+    assert by_tpi.unroll == 2.0 and by_tpi.per_elem == res.per_elem
+
+
+def test_metadata_mismatch_is_noted(demo):
+    res = analyze_function(demo[0], 24)  # 32 tensor elements are not a multiple of 24
+    assert res.unroll == 1.0 and res.elems_per_body == 24.0
+    assert any("cover 32" in n for n in res.notes)
+
+
+def test_marker_and_explicit_loop(demo):
+    marked = demo[1]
+    assert main_loop(marked) == Loop(0xC0, 0x230)
+    assert main_loop(marked, marker=True) == Loop(0x280, 0x2F0)
+    with pytest.raises(SassError, match="pmevent"):
+        main_loop(demo[0], marker=True)
+    res = analyze_function(demo[0], 8, loop=(0x270, 0x2E0))
+    assert res.by_class["tensor"] == 1 and res.alu_per_elem == pytest.approx(5 / 8)  # LOP3 x2, SHF, IADD3, ISETP
+
+
+def test_nvdisasm_labels_resolve():
+    f = parse_sass((DATA / "sass_nvdisasm_labels_sm90a.txt").read_text())[0]
+    assert f.name == "k" and f.instructions[-1].mnemonic == "EXIT"
+    assert main_loop(f) == Loop(0x160, 0x4D0)  # the unrolled-by-16 loop, the largest
+    assert sass.marker_region(f) == (0x10, 0x980)
+
+
+def test_tensor_shapes():
+    e = sass.tensor_kv_elems_per_thread
+    assert e("HMMA.16816.F32.BF16") == 8 and e("HMMA.1688.F32") == 4
+    assert e("HGMMA.64x8x16.F32.BF16") == 8 and e("QGMMA.64x16x32.F32.E4M3.E4M3") == 16
+    assert e("IMMA.16832.S32.S8.S8") == 16 and e("HMMA.999") is None
+
+
+def test_static_alu_on_text_and_errors():
+    text = (DATA / "sass_probe_sm90a.txt").read_text()
+    [res] = static_alu("unused", "kv_loop", 8, sass_text=text)
+    assert res.kernel == "probe_kv_loop" and res.alu_per_elem == pytest.approx(1.0)
+    with pytest.raises(SassError, match="probe_kv_loop"):
+        static_alu("unused", "no_such_kernel", sass_text=text)
+    with pytest.raises(SassError, match="does not exist"):
+        sass.disassemble("/nonexistent/x.cubin")
+
+
+def test_missing_cuobjdump_is_one_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(sass, "find_tool", lambda name: None)
+    f = tmp_path / "x.cubin"
+    f.write_bytes(b"\x7fELF")
+    with pytest.raises(SassError, match="nvidia-cuda-cuobjdump"):
+        sass.disassemble(f)
+
+
+def _tools():
+    return shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists(), sass.find_tool("cuobjdump")
+
+
+@pytest.mark.skipif(not all(_tools()), reason="needs nvcc and cuobjdump")
+def test_nvcc_cuobjdump_probe(tmp_path):
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    cubin = tmp_path / "probe.cubin"
+    subprocess.run([nvcc, "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a",
+                    str(DATA / "alu_probe.cu"), "-o", str(cubin)], check=True, capture_output=True)
+    results = {r.kernel: r for r in static_alu(cubin, "probe", 8)}
+    kv = results["probe_kv_loop"]
+    assert kv.by_class["tensor"] == 1 and kv.by_opcode["LOP3"] == 4
+    assert kv.alu_per_elem == pytest.approx(1.0)
+    assert results["probe_plain"].scope == "kernel"

@@ -1,0 +1,93 @@
+"""Sweep declaration: case keys, presets, expansion and pairing with backends."""
+import pytest
+
+from baselines.base import select_backends
+from suite.cases import (
+    Case, expand, load_preset, make_spec, pair, parse_int_list, parse_str_list, preset_names,
+)
+
+
+def test_case_key_is_stable():
+    c = Case(batch=128, kv_len=32768)
+    assert c.key == "b128-kv32768-h32x8-d128-int4-g128-kc-vt-p64-s0"
+    assert Case(batch=1, kv_len=1024, bits=16, k_mode="none", v_mode="none", group_size=0).key == (
+        "b1-kv1024-h32x8-d128-b16-p64-s0"
+    )
+    assert Case.from_dict(c.as_dict()) == c
+    assert c.shape_key == "b128-kv32768-h32x8-d128"
+
+
+def test_case_validation():
+    with pytest.raises(ValueError, match="batch"):
+        Case(batch=0, kv_len=10)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        Case(batch=1, kv_len=10, num_q_heads=30, num_kv_heads=8)
+
+
+def test_presets_exist_and_load():
+    assert {"paper", "quick", "full"} <= set(preset_names())
+    paper = load_preset("paper")
+    assert paper["batch"] == [128] and paper["kv_len"] == [32768] and paper["models"] == ["llama3-8b"]
+    with pytest.raises(ValueError, match="not found"):
+        load_preset("nope")
+
+
+def test_paper_expands_to_every_backend():
+    cases = expand(make_spec("paper"))
+    assert [(c.batch, c.kv_len, c.bits) for c in cases] == [(128, 32768, 4), (128, 32768, 2)]
+    items = pair(cases, select_backends(None, include_test=False))
+    names = [b.name for _, b in items]
+    # every backend appears; full-precision ones once, int ones per matching width
+    assert names.count("flashinfer-bf16-tc") == 1
+    assert names.count("trtllm-xqa-fp8") == 1
+    assert names.count("torch-ref") == 2
+    assert names.count("foscar-int4") == names.count("foscar-int2") == 1
+    assert set(names) == {b.name for b in select_backends(None, include_test=False)}
+    fi = next(c for c, b in items if b.name == "flashinfer-bf16-tc")
+    assert (fi.bits, fi.k_mode, fi.group_size, fi.page_size) == (16, "none", 0, 64)
+    ours = next(c for c, b in items if b.name == "foscar-int4")
+    assert ours.page_size == 128  # pages hold whole groups of 128
+
+
+def test_full_and_quick_presets():
+    full = expand(make_spec("full"))
+    shapes = {(c.batch, c.kv_len) for c in full}
+    assert {b for b, _ in shapes} == {1, 8, 32, 128}
+    assert min(k for _, k in shapes) == 1024 and max(k for _, k in shapes) == 131072
+    assert len(shapes) == 4 * 8
+    quick = expand(make_spec("quick"))
+    assert 1 <= len(quick) <= 16 and max(c.kv_len for c in quick) <= 4096
+
+
+def test_cli_axes_override_preset():
+    spec = make_spec("paper", batch=[1, 8], kv_len=[1024], bits=[4], models=["llama3-70b"])
+    cases = expand(spec)
+    assert [(c.batch, c.kv_len, c.num_q_heads, c.num_kv_heads) for c in cases] == [
+        (1, 1024, 64, 8), (8, 1024, 64, 8)]
+
+
+def test_explicit_heads():
+    cases = expand(make_spec(None, batch=[2], kv_len=[512], num_q_heads=16, num_kv_heads=2, head_dim=64))
+    assert {(c.model, c.num_q_heads, c.num_kv_heads, c.head_dim) for c in cases} == {("custom", 16, 2, 64)}
+
+
+def test_unknown_model():
+    with pytest.raises(ValueError, match="llama3-8b"):
+        expand(make_spec(None, models=["gpt-9"]))
+
+
+def test_parse_lists():
+    assert parse_int_list("1k,32K,131072") == [1024, 32768, 131072]
+    assert parse_int_list(None) is None
+    assert parse_str_list("a, b,,c") == ["a", "b", "c"]
+
+
+def test_pair_groups_by_shape_and_dedupes():
+    backends = select_backends(["flashinfer-bf16", "foscar-int4"], include_test=False)
+    cases = expand(make_spec(None, batch=[1, 2], kv_len=[1024], bits=[4, 2], group_size=[64, 128]))
+    items = pair(cases, backends)
+    # bf16 once per shape; foscar-int4 for each int4 group size
+    assert sum(b.name == "flashinfer-bf16" for _, b in items) == 2
+    assert sum(b.name == "foscar-int4" for _, b in items) == 4
+    shapes = [c.shape_key for c, _ in items]
+    assert shapes == sorted(shapes)

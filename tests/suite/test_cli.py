@@ -1,0 +1,115 @@
+"""The command line with stand-in backends (typer's CliRunner), on the CPU."""
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from suite.cli import app
+
+runner = CliRunner()
+REQUIRED = ("run_id", "backend", "batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim", "bits",
+            "k_mode", "v_mode", "group_size", "gpu_name", "status", "reason", "median_us", "p10_us",
+            "p90_us", "bytes", "eff_bandwidth_tbps", "frac_peak_bus", "frac_peak_datasheet", "rel_error")
+SMALL = ["--batch", "2", "--kv-len", "128", "--num-q-heads", "4", "--num-kv-heads", "2", "--head-dim", "64"]
+
+
+def test_help_lists_commands():
+    out = runner.invoke(app, ["--help"]).output
+    for cmd in ("build", "sweep", "results", "report", "alu", "dashboard", "compare", "env"):
+        assert cmd in out
+
+
+def test_dry_run_lists_cases_without_a_store(tmp_path):
+    db = tmp_path / "none.sqlite"
+    res = runner.invoke(app, ["sweep", "--preset", "paper", "--dry-run", "--db", str(db)])
+    assert res.exit_code == 0, res.output
+    assert "flashinfer-bf16-tc" in res.output and "trtllm-xqa-fp8" in res.output and "32768" in res.output
+    assert not db.exists()
+
+
+def test_sweep_without_gpu_says_so_in_one_line(tmp_path, monkeypatch):
+    import suite.envinfo
+
+    monkeypatch.setattr(suite.envinfo, "visible_gpu_count", lambda: 0)
+    db = tmp_path / "x.sqlite"
+    res = runner.invoke(app, ["sweep", "--preset", "paper", "--db", str(db)])
+    assert res.exit_code == 1
+    lines = [l for l in res.output.splitlines() if l.strip()]
+    assert len(lines) == 1 and "--dry-run" in lines[0] and "report --bundled" in lines[0]
+    assert not db.exists()
+
+
+def test_list_backends():
+    res = runner.invoke(app, ["sweep", "--list-backends"])
+    assert res.exit_code == 0 and "bitdecoding-int4" in res.output and "foscar-int2" in res.output
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    db = tmp_path_factory.mktemp("cli") / "out.sqlite"
+    res = runner.invoke(app, ["sweep", "--cpu", "--test-backends", "--no-progress", "--db", str(db),
+                              "--backends", "test-stub,test-wrong,test-unsupported", *SMALL])
+    assert res.exit_code == 0, res.output
+    return db, res.output
+
+
+def test_sweep_with_stand_ins(swept):
+    db, output = swept
+    assert "test-stub" in output and "passed" in output and "incorrect" in output
+    res = runner.invoke(app, ["results", "--db", str(db), "--json"])
+    rows = [json.loads(l) for l in res.output.splitlines() if l.strip()]
+    assert len(rows) == 3
+    for r in rows:
+        assert set(REQUIRED) <= set(r)
+    by = {r["backend"]: r for r in rows}
+    assert by["test-stub"]["status"] == "passed" and by["test-stub"]["median_us"] > 0
+    assert by["test-stub"]["rel_error"] < 1e-2 and by["test-stub"]["gpu_name"] == "cpu"
+    assert by["test-wrong"]["status"] == "incorrect" and by["test-wrong"]["median_us"] is None
+    assert by["test-unsupported"]["reason"]
+
+
+def test_resume_adds_nothing_when_done(swept):
+    db, _ = swept
+    run = json.loads(runner.invoke(app, ["results", "--db", str(db), "--json"]).output.splitlines()[0])["run_id"]
+    res = runner.invoke(app, ["sweep", "--cpu", "--resume", run, "--db", str(db), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    rows = runner.invoke(app, ["results", "--db", str(db), "--run", run, "--json"]).output.splitlines()
+    assert len([l for l in rows if l.strip()]) == 3
+    bad = runner.invoke(app, ["sweep", "--cpu", "--resume", "no-such-run", "--db", str(db)])
+    assert bad.exit_code == 2 and "not in" in bad.output
+
+
+def test_results_exports(swept, tmp_path):
+    db, _ = swept
+    csv = tmp_path / "r.csv"
+    assert runner.invoke(app, ["results", "--db", str(db), "--csv", str(csv)]).exit_code == 0
+    df = pd.read_csv(csv)
+    assert len(df) == 3 and set(REQUIRED) <= set(df.columns)
+    pq = tmp_path / "r.parquet"
+    res = runner.invoke(app, ["results", "--db", str(db), "--parquet", str(pq)])
+    if res.exit_code == 0:
+        assert len(pd.read_parquet(pq)) == 3
+    table = runner.invoke(app, ["results", "--db", str(db)])
+    assert "median us" in table.output and "test-stub" in table.output
+    runs = runner.invoke(app, ["results", "--db", str(db), "--runs"])
+    assert runs.exit_code == 0 and "n_records" in runs.output
+
+
+def test_results_missing_db(tmp_path):
+    res = runner.invoke(app, ["results", "--db", str(tmp_path / "missing.sqlite")])
+    assert res.exit_code == 2
+
+
+def test_env_json_is_valid_without_gpu(monkeypatch):
+    import suite.envinfo
+
+    monkeypatch.setattr(suite.envinfo, "_nvml", lambda: None)
+    monkeypatch.setattr(suite.envinfo, "_torch_device_count", lambda: 0)
+    res = runner.invoke(app, ["env", "--json"])
+    assert res.exit_code == 0
+    env = json.loads(res.output)
+    assert env["gpus"] == [] and "no CUDA GPU" in env["no_gpu"]
+    assert "torch" in env["libraries"] and "flashinfer" in env["libraries"]
+    text = runner.invoke(app, ["env"]).output
+    assert "No GPU" in text

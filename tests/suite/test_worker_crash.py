@@ -1,0 +1,74 @@
+"""Crash isolation, simulated on the CPU: a worker that dies, hangs or raises costs one
+record; the sweep replaces the worker and the remaining cases still run."""
+import os
+
+import pytest
+
+from baselines.base import Unsupported, select_backends
+from suite.cases import Case
+from suite.runner import classify
+from suite.store import ResultStore
+from suite.sweep import Item, SweepOptions, run_sweep
+
+
+@pytest.fixture(autouse=True)
+def _test_backends(monkeypatch):
+    monkeypatch.setenv("FOSCAR_BENCH_TEST_BACKENDS", "1")
+
+
+def _items(names, case=Case(batch=2, kv_len=128, num_q_heads=4, num_kv_heads=2, head_dim=64)):
+    items = []
+    for i, b in enumerate(select_backends(names)):
+        items.append(Item(i, b.case_for(case), b))
+    return items
+
+
+def _sweep(tmp_path, names, timeout=60.0):
+    store = ResultStore(tmp_path / "c.sqlite")
+    run = store.start_run(argv=[], config={}, env={})
+    opts = SweepOptions(devices=["cpu"], case_timeout_s=timeout, read_ceiling=False,
+                        test_backends=True, log_dir=str(tmp_path / "logs"))
+    run_sweep(store=store, run_id=run, items=_items(names), options=opts, progress=False)
+    df = store.records(run)
+    return store, run, dict(zip(df.backend, df.status)), df
+
+
+def test_dead_and_hung_workers_are_replaced(tmp_path):
+    names = ["test-stub", "test-exit", "test-raise", "test-hang", "test-wrong", "test-unwritten"]
+    store, run, status, df = _sweep(tmp_path, names, timeout=4.0)
+    assert status == {
+        "test-stub": "passed", "test-exit": "crashed", "test-raise": "crashed",
+        "test-hang": "timeout", "test-wrong": "incorrect", "test-unwritten": "incorrect",
+    }
+    reasons = dict(zip(df.backend, df.reason))
+    assert "exit code 17" in reasons["test-exit"]
+    assert "planted failure" in reasons["test-raise"]
+    assert "killed and replaced" in reasons["test-hang"]
+    # the worker logs of every process were kept
+    assert any(p.name.endswith(".log") for p in (tmp_path / "logs").iterdir())
+    # each item recorded exactly once
+    assert len(df) == len(names) and store.finished_keys(run) == {i.key for i in _items(names)}
+
+
+def test_classify():
+    assert classify(RuntimeError("CUDA error: an illegal memory access was encountered"))[::2] == ("crashed", True)
+    assert classify(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"))[::2] == ("crashed", True)
+    assert classify(Unsupported("no"))[0] == "unsupported"
+    assert classify(ImportError("no module"))[0] == "unsupported"
+    assert classify(RuntimeError("ninja: build stopped: subcommand failed"))[0] == "compile_error"
+    assert classify(ValueError("bad shape"))[::2] == ("crashed", False)
+
+
+def test_resume_skips_finished_items(tmp_path):
+    store = ResultStore(tmp_path / "r.sqlite")
+    run = store.start_run(argv=[], config={}, env={})
+    items = _items(["test-stub", "test-wrong", "test-unsupported"])
+    # a sweep killed half-way: the first item made it to the store
+    store.add_record(run, {"case_key": items[0].case.key, "backend": "test-stub", "status": "passed", "median_us": 1.0})
+    opts = SweepOptions(devices=["cpu"], read_ceiling=False, test_backends=True)
+    outcome = run_sweep(store=store, run_id=run, items=items, options=opts, progress=False)
+    assert outcome.written == 2
+    df = store.records(run)
+    assert sorted(df.backend) == ["test-stub", "test-unsupported", "test-wrong"]
+    assert df[df.backend == "test-stub"].median_us.tolist() == [1.0]  # not redone
+    assert run_sweep(store=store, run_id=run, items=items, options=opts, progress=False).written == 0
