@@ -1,5 +1,5 @@
 """Every decode-attention kernel the suite measures, behind one interface (baselines.base)."""
-from baselines.base import (  # noqa: F401
+from baselines.base import (  # noqa: F401 - the public interface
     Backend,
     CompileError,
     GpuInfo,

@@ -13,7 +13,6 @@ Blackwell only; on Hopper (sm_90) it is `unsupported` with that reason.
 from __future__ import annotations
 
 import inspect
-from typing import Any
 
 from baselines._paging import (
     fp8_dequantize,

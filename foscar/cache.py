@@ -138,7 +138,7 @@ def quantize(
     """
     lens = _check_quantize_inputs(k, v, seq_lens, config, extra_pages)
     batch, _, heads, dim = k.shape
-    group, page = config.group_size, config.page_size
+    group = config.group_size
     tails = [n % group if config.has_tail else 0 for n in lens]
     packed = [n - t for n, t in zip(lens, tails)]
     cache = _allocate(config, batch, heads, dim, packed, extra_pages, shuffle_pages, seed, k.device)

@@ -62,6 +62,11 @@ def folded_attention_f64(
     cfg = cache.config
     batch, num_q_heads, dim = q.shape
     heads, group = cache.num_kv_heads, cfg.group_size
+    if batch != cache.batch or dim != cache.head_dim:
+        raise ValueError(
+            f"q has shape {tuple(q.shape)} but the cache holds batch={cache.batch}, head_dim="
+            f"{cache.head_dim}; expected one query row per cached sequence."
+        )
     _check_gqa(num_q_heads, heads)
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
     rnd = _rounder(round_operands)
@@ -146,7 +151,7 @@ def _scores_token_k(qg, ek, params, f, group, rnd):
 
 def _scores_channel_k(qg, ek, params, f, group, rnd):
     """Channel-wise K, operand fold: q~ = q s_{T,d} / f_d per token group, plus sum_d q_d z_{T,d}."""
-    b, h, r, d = qg.shape
+    b, h, _, d = qg.shape
     scale = params[..., 0].permute(0, 2, 1, 3)[:, :, None]  # [b, h, 1, j, d]
     offset = params[..., 1].permute(0, 2, 1, 3)[:, :, None]
     q_t = rnd(qg[:, :, :, None, :] * scale / f)  # [b, h, r, j, d]
@@ -162,7 +167,7 @@ def _scores_channel_k(qg, ek, params, f, group, rnd):
 
 def _output_token_v(p, ev, params, f, group, rnd):
     """Token-wise V, operand fold: p~ = p s_{t,g} per channel group, then / f_d, minus 128 sum p~, plus sum p z."""
-    b, h, r, t = p.shape
+    b, h, _, t = p.shape
     d = ev.shape[-1]
     n_groups = d // group
     scale = params[..., 0].permute(0, 2, 1, 3)[:, :, None]  # [b, h, 1, t, g]
@@ -177,7 +182,7 @@ def _output_token_v(p, ev, params, f, group, rnd):
 
 def _output_channel_v(p, ev, params, f, group, rnd):
     """Channel-wise V, accumulator fold per token group T: s_{T,d} / f_d (acc - 128 sum_T p) + z_{T,d} sum_T p."""
-    b, h, r, t = p.shape
+    b, h, r, _ = p.shape
     d = ev.shape[-1]
     p_t = rnd(p).view(b, h, r, -1, group)  # [b, h, r, j, i]
     e = ev.view(b, -1, group, h, d)  # [b, j, i, h, d]

@@ -38,6 +38,10 @@ def measure_read_ceiling(device: Any, nbytes: int = BUFFER_BYTES, reps: int = RE
     n = nbytes // 4 // BLOCK * BLOCK
     x = torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32, device=device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+
+    def torch_run():
+        x.sum()
+
     try:
         kernel = _triton_kernel()
         grid = sms * 8
@@ -46,11 +50,11 @@ def measure_read_ceiling(device: Any, nbytes: int = BUFFER_BYTES, reps: int = RE
         def run():
             kernel[(grid,)](x, out, n // BLOCK, BLOCK=BLOCK, num_warps=4)
 
+        run()  # compiles here, so a failure falls back below
+        torch.cuda.synchronize(device)
         method = "triton stream_read (16-byte loads, .cg)"
     except Exception as exc:  # noqa: BLE001 - no Triton: a torch reduction stands in
-        def run():
-            x.sum()
-
+        run = torch_run
         method = f"torch int32 sum (no Triton: {type(exc).__name__})"
     for _ in range(3):
         run()
@@ -65,8 +69,6 @@ def measure_read_ceiling(device: Any, nbytes: int = BUFFER_BYTES, reps: int = RE
         times.append(s.elapsed_time(e) * 1e3)
     med = statistics.median(times)
     bytes_read = n * 4
-    del x
-    torch.cuda.empty_cache()
     return {
         "read_ceiling_tbps": bytes_read / (med * 1e-6) / 1e12,
         "method": method,

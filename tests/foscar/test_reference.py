@@ -116,7 +116,12 @@ def test_rounded_operands_stay_near(rng, k_mode, v_mode):
     assert 0 < bf16 < 3e-2 and 0 < fp16 < bf16
 
 
-def test_gqa_must_divide(rng):
+def test_bad_query_shapes(rng):
     q, k, v = draw(rng, 1, 8, 3, 2, 64)
     with pytest.raises(ValueError, match="num_q_heads=3 is not a multiple of num_kv_heads=2"):
         attention_f64(q, k, v, [8])
+    cache = quantize(k, v, [8], QuantConfig(group_size=32, page_size=32))
+    with pytest.raises(ValueError, match="num_q_heads=3 is not a multiple of num_kv_heads=2"):
+        folded_attention_f64(q, cache)
+    with pytest.raises(ValueError, match="cache holds batch=1, head_dim=64"):
+        folded_attention_f64(q[:, :2, :32], cache)

@@ -1,7 +1,5 @@
 """Crash isolation, simulated on the CPU: a worker that dies, hangs or raises costs one
 record; the sweep replaces the worker and the remaining cases still run."""
-import os
-
 import pytest
 
 from baselines.base import Unsupported, select_backends
