@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 
 import torch
@@ -19,6 +20,10 @@ WARPS_PER_CTA = 8
 CHUNK_TOKENS = 64
 MAX_SPLITS = 64
 VARIANTS = ("fold", "dequant")
+# Tensor Core operand type: fp16 takes codes at more bit positions (fewer shifts) and rounds
+# the folded operands finer; bf16 is the first generation, kept for comparison.
+OPERANDS = ("fp16", "bf16")
+DEFAULT_OPERAND = os.environ.get("FOSCAR_OPERAND", "fp16")
 
 
 class _Args(ctypes.Structure):
@@ -33,6 +38,7 @@ class _Args(ctypes.Structure):
         ("num_kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32),
         ("bits", ctypes.c_int32), ("group_size", ctypes.c_int32),
         ("k_channel", ctypes.c_int32), ("v_channel", ctypes.c_int32), ("dequant", ctypes.c_int32),
+        ("operand_f16", ctypes.c_int32),
         ("page_size", ctypes.c_int32), ("max_pages", ctypes.c_int32),
         ("num_splits", ctypes.c_int32), ("units_per_split", ctypes.c_int32),
         ("sm_scale", ctypes.c_float),
@@ -159,14 +165,18 @@ def launch_plan(cache: QuantizedKVCache, num_sms: int) -> tuple[int, int]:
 
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
            out: torch.Tensor | None = None, variant: str = "fold",
-           num_splits: int | None = None) -> torch.Tensor:
+           num_splits: int | None = None, operand: str | None = None) -> torch.Tensor:
     """One decode step of attention for q [batch, num_q_heads, head_dim] (BF16) over `cache`.
 
     Returns BF16 [batch, num_q_heads, head_dim]. `variant="dequant"` runs the ablation that
     dequantizes every element before the Tensor Cores instead of folding. `num_splits`
-    overrides the split-KV plan (for experiments).
+    overrides the split-KV plan (for experiments); `operand` picks the Tensor Core operand
+    type, "fp16" (default, or $FOSCAR_OPERAND) or "bf16".
     """
     _check_inputs(q, cache, out, variant)
+    operand = operand or DEFAULT_OPERAND
+    if operand not in OPERANDS:
+        raise ValueError(f"operand={operand!r} is not built; expected one of {OPERANDS}.")
     lib = load_library()
     cfg = cache.config
     batch, num_q_heads, head_dim = q.shape
@@ -188,7 +198,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
         ws_o.data_ptr(), ws_ml.data_ptr(),
         batch, num_q_heads, cache.num_kv_heads, head_dim,
         cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
-        int(variant == "dequant"), cfg.page_size, cache.page_table.shape[1],
+        int(variant == "dequant"), int(operand == "fp16"), cfg.page_size, cache.page_table.shape[1],
         splits, per_split, scale,
     )
     stream = torch.cuda.current_stream(q.device).cuda_stream

@@ -16,6 +16,9 @@ H200_ALU_RATE = 16.6e12
 # tensor cores' dense BF16 rate (989 TFLOP/s = 4096 x 132 SMs x 1.83 GHz on H100 SXM).
 HOPPER_FLOP_PER_SM_CLOCK = {"FP32 CUDA cores": 256, "BF16 tensor cores (dense)": 4096}
 
+# Boards whose SM count is fixed at 132, used only when a run did not record it.
+SXM_132_SM = ("H200", "H100 80GB HBM3", "H100 SXM")
+
 _BUS = ("bus_peak_tbps", "peak_bus_tbps", "peak_tbps_bus")
 _DATASHEET = ("datasheet_peak_tbps", "peak_datasheet_tbps", "datasheet_tbps")
 _CEILING = ("read_ceiling_tbps", "measured_read_ceiling_tbps", "stream_read_tbps", "read_tbps")
@@ -119,6 +122,9 @@ def gpu_facts(gpu_name: str, envs: Iterable[dict], records: pd.DataFrame) -> Gpu
             facts.sources[attr] = source
     sms = _number(find(envs, _SMS, gpu_name))
     facts.sm_count = int(sms) if sms else None
+    if facts.sm_count is None and any(tag in gpu_name for tag in SXM_132_SM):
+        facts.sm_count = 132
+        facts.sources["sm_count"] = "not recorded; 132 assumed (H100 SXM / H200 specification)"
     facts.sm_clock_mhz = _number(find(envs, _CLOCK, gpu_name))
     if facts.sm_clock_mhz is None and records["sm_clock_mhz_before"].notna().any():
         facts.sm_clock_mhz = float(records["sm_clock_mhz_before"].median())

@@ -6,6 +6,9 @@ from html import escape
 
 import pandas as pd
 
+# A cell that holds a number (with unit, bound or range) is right-aligned.
+NUMBER = re.compile(r"[<>=±\s]*[-+]?\d[\d.,]*(e[-+]?\d+)?\s*(%|x)?( to \d[\d.]*x)?( \[[\d., ]+\])?")
+
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
@@ -63,7 +66,7 @@ def table(display: pd.DataFrame, caption: str = "", csv_name: str = "", row_clas
 
 
 def _td(text: str) -> str:
-    numeric = re.match(r"^[<>=±\s]*[-+]?\d", text) is not None
+    numeric = NUMBER.fullmatch(text) is not None
     return f'<td class="n">{escape(text)}</td>' if numeric else f"<td>{escape(text)}</td>"
 
 

@@ -89,7 +89,8 @@ def _gpu_sections(page: _Page, recs: pd.DataFrame, gpu: str, results: Results) -
     page.body.append(html.heading(f"3. Rooflines: {gpu}", f"roofline-{tag}"))
     roofs = ", ".join(f"{k} {v:.2f} TB/s ({facts.sources.get(a, 'run environment')})" for (k, v), a in
                       zip(facts.hbm_roofs().items(), ("peak_datasheet_tbps", "peak_bus_tbps", "read_ceiling_tbps")))
-    alu = (f"ALU pipe rate {facts.alu_rate / 1e12:.1f}e12 thread-instructions/s ({facts.alu_rate_source})"
+    assumed = f"; SM count {facts.sources['sm_count']}" if "sm_count" in facts.sources else ""
+    alu = (f"ALU pipe rate {facts.alu_rate / 1e12:.1f}e12 thread-instructions/s ({facts.alu_rate_source}){assumed}"
            if facts.alu_rate else "ALU pipe rate unknown for this GPU: no issue roofs drawn")
     page.figure(
         roofline.bandwidth_vs_bytes(recs, facts), f"roofline_bandwidth_{tag}",

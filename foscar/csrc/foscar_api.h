@@ -24,6 +24,7 @@ typedef struct FoscarDecodeArgs {
   float* ws_ml;           /* fp32 [batch, num_q_heads, num_splits, 2] */
   int32_t batch, num_q_heads, num_kv_heads, head_dim;
   int32_t bits, group_size, k_channel, v_channel, dequant;
+  int32_t operand_f16;    /* 1: fp16 Tensor Core operands (default), 0: bf16 */
   int32_t page_size, max_pages;
   int32_t num_splits, units_per_split;
   float sm_scale;
@@ -35,7 +36,7 @@ int foscar_decode(const FoscarDecodeArgs* args, void* stream);
 const char* foscar_last_error(void);
 /* Tokens in one unit of split-KV work for a configuration, and dynamic shared memory. */
 int foscar_unit_tokens(int group_size);
-int foscar_smem_bytes(int bits, int group_size, int k_channel, int v_channel, int dequant);
+int foscar_smem_bytes(int bits, int group_size);
 
 #ifdef __cplusplus
 }

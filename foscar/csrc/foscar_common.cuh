@@ -10,7 +10,8 @@ namespace foscar {
 
 // bf16 128.0 in both halves: OR-ing a code c < 128 into the mantissa gives exactly 128 + c.
 constexpr uint32_t kBf16Bias2 = 0x43004300u;
-constexpr float kInjectBias = 128.0f;
+// fp16 1024.0 in both halves: 0x6400 | c is exactly 1024 + c for c < 1024.
+constexpr uint32_t kF16Bias2 = 0x64006400u;
 
 // ---------------------------------------------------------------------------------------
 // Mantissa injection. Each returns the bf16x2 register holding position k of both halves
@@ -19,28 +20,45 @@ constexpr float kInjectBias = 128.0f;
 // (w & mask) | 0x43004300 as ONE LOP3: written in C, nvcc splits it into two LOP3s (a LOP3
 // takes one immediate), which doubles the cost of injection; with the bias in a register
 // the single three-input LOP3 is what ptxas emits.
-template <uint32_t MASK>
+template <uint32_t MASK, uint32_t BIAS>
 __device__ __forceinline__ uint32_t and_or_bias(uint32_t w) {
   uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(w), "n"(MASK), "r"(kBf16Bias2));
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(w), "n"(MASK), "r"(BIAS));
   return d;
 }
 
-template <int BITS, int K>
+// bf16 operands (7 mantissa bits, 128.0 = 0x4300) take an INT4 code only at bits 0-3, so
+// every INT4 position needs a shift; fp16 operands (10 mantissa bits, 1024.0 = 0x6400) take
+// codes at bits 0-9, so INT4 positions 0 and 1 (and 2 and 3 after one shift) and INT2
+// positions 0-4 (and 5-7 after one shift) are read in place, worth f * c (FOSCAR.md
+// section 4, "mixed-radix injection"). fp16 also rounds the folded operands 8x finer.
+template <int BITS, int K, bool F16>
 __device__ __forceinline__ uint32_t inject(uint32_t w) {
-  if constexpr (BITS == 4) {
-    // Every INT4 position is shifted down to bits 0-3 (radix factor 1).
-    return and_or_bias<0x000F000Fu>(w >> (4 * K));
+  if constexpr (!F16) {
+    if constexpr (BITS == 4) {
+      return and_or_bias<0x000F000Fu, kBf16Bias2>(w >> (4 * K));  // factor 1
+    } else {
+      // INT2: positions 0-2 in place (factors 1, 4, 16), 3-5 from w >> 6, 6-7 from w >> 12.
+      return and_or_bias<(0x00030003u << (2 * (K % 3))), kBf16Bias2>(w >> ((K / 3) * 6));
+    }
   } else {
-    // INT2: positions 0-2 read in place (factors 1, 4, 16), 3-5 from w >> 6, 6-7 from w >> 12.
-    return and_or_bias<(0x00030003u << (2 * (K % 3)))>(w >> ((K / 3) * 6));
+    if constexpr (BITS == 4) {
+      // Positions 0, 1 in place (factors 1, 16); 2, 3 from w >> 8.
+      return and_or_bias<(0x000F000Fu << (4 * (K % 2))), kF16Bias2>(w >> ((K / 2) * 8));
+    } else {
+      // INT2: positions 0-4 in place (factors 1, 4, 16, 64, 256); 5-7 from w >> 10.
+      return and_or_bias<(0x00030003u << (2 * (K < 5 ? K : K - 5))), kF16Bias2>(w >> (K < 5 ? 0 : 10));
+    }
   }
 }
 
 // The value a position is worth relative to its code (see inject above).
-template <int BITS>
+template <int BITS, bool F16>
 __host__ __device__ constexpr float radix_factor(int k) {
-  return BITS == 4 ? 1.0f : (k % 3 == 0 ? 1.0f : (k % 3 == 1 ? 4.0f : 16.0f));
+  if (!F16) return BITS == 4 ? 1.0f : (k % 3 == 0 ? 1.0f : (k % 3 == 1 ? 4.0f : 16.0f));
+  if (BITS == 4) return k % 2 ? 16.0f : 1.0f;
+  const int pos = k < 5 ? k : k - 5;
+  return static_cast<float>(1 << (2 * pos));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -71,13 +89,56 @@ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t x) {
   return __bfloat1622float2(v);
 }
 
-// Dequantize-first ablation: an injected register (128 + f c, two elements) becomes
-// bf16(c * s + z), computed in fp32 as x * (s / f) + (z - 128 s / f), the way a kernel that
-// dequantizes every element before the Tensor Cores computes it.
-__device__ __forceinline__ uint32_t dequant_f32(uint32_t x, const float (&scale)[2], const float (&offset)[2]) {
-  const float2 v = unpack_bf16x2(x);
-  return pack_bf16x2(fmaf(v.x, scale[0], offset[0]), fmaf(v.y, scale[1], offset[1]));
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                              uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float2 unpack_f16x2(uint32_t x) {
+  return __half22float2(*reinterpret_cast<__half2*>(&x));
+}
+
+// The 16-bit type the Tensor Cores read: bf16 (v1) or fp16 (v2), with its injection bias.
+template <bool F16>
+struct Operand {
+  static constexpr float kBias = F16 ? 1024.0f : 128.0f;
+  __device__ static __forceinline__ uint32_t pack(float lo, float hi) {
+    return F16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
+  }
+  __device__ static __forceinline__ float2 unpack(uint32_t x) {
+    return F16 ? unpack_f16x2(x) : unpack_bf16x2(x);
+  }
+  __device__ static __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    if constexpr (F16) mma_f16_16816(c, a0, a1, a2, a3, b0, b1);
+    else mma_bf16_16816(c, a0, a1, a2, a3, b0, b1);
+  }
+  // BF16 data from memory (queries, the tail) in this operand type.
+  __device__ static __forceinline__ uint32_t from_bf16(uint32_t x) {
+    if constexpr (F16) {
+      const float2 v = unpack_bf16x2(x);
+      return pack_f16x2(v.x, v.y);
+    } else {
+      return x;
+    }
+  }
+  // Dequantize-first ablation: an injected register (bias + f c, two elements) becomes
+  // round(c * s + z), computed in fp32 as x * (s / f) + (z - bias * s / f), the way a kernel
+  // that dequantizes every element before the Tensor Cores computes it.
+  __device__ static __forceinline__ uint32_t dequant(uint32_t x, const float (&scale)[2], const float (&offset)[2]) {
+    const float2 v = unpack(x);
+    return pack(fmaf(v.x, scale[0], offset[0]), fmaf(v.y, scale[1], offset[1]));
+  }
+};
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -39,7 +39,7 @@ struct DecodeParams {
 constexpr int kChunk = 64;       // tokens a warp stages and scores at once
 constexpr float kNegInf = -INFINITY;
 
-template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ, bool F16>
 struct DecodeTraits {
   static constexpr int kP = 16 / BITS;                  // code positions per 16-bit half
   static constexpr int kWordsPerLane = D * BITS / 64;   // words per lane per 16-token tile
@@ -63,20 +63,21 @@ struct DecodeTraits {
   static_assert(kParamsPerChunk == kChunk * D / G || G >= kChunk, "param run size");
 };
 
-template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ, bool F16>
 constexpr int decode_smem_bytes() {
-  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
+  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ, F16>;
   const int staging = T::kWarps * T::kStages * T::kStageBytes;
   const int combine = T::kWarps * 8 * (D + 2) * 4;
   return staging > combine ? staging : combine;
 }
 
-template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ, bool F16>
 __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
-  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
+  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ, F16>;
   constexpr int P = T::kP, HALFW = T::kHalfW, WPT = T::kWordsPerTile, NT = T::kTiles;
   constexpr int NJ = T::kNJ, NMT = T::kNMT, GD = T::kGroupsD, NW = T::kWarps;
   constexpr bool HAS_TAIL = KCH || VCH;
+  using Op = Operand<F16>;
 
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -119,8 +120,8 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
       const float2 q2 = unpack_bf16x2(qraw[j]);
-      const float inv_f = DEQ ? 1.0f : 1.0f / radix_factor<BITS>(j % P);
-      qb[0][j] = pack_bf16x2(q2.x * inv_f, q2.y * inv_f);
+      const float inv_f = DEQ ? 1.0f : 1.0f / radix_factor<BITS, F16>(j % P);
+      qb[0][j] = Op::pack(q2.x * inv_f, q2.y * inv_f);
     }
     if constexpr (!KCH) {
 #pragma unroll
@@ -128,12 +129,12 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
         float qs = 0.f, bs = 0.f;
 #pragma unroll
         for (int j = g * G / 8; j < (g + 1) * G / 8; ++j) {
-          const float2 q2 = unpack_bf16x2(qraw[j]), b2 = unpack_bf16x2(qb[0][j]);
+          const float2 q2 = unpack_bf16x2(qraw[j]), b2 = Op::unpack(qb[0][j]);
           qs += q2.x + q2.y;
           bs += b2.x + b2.y;
         }
         to_acc_heads(warp_sum_quad(qs), kq[g][0], kq[g][1]);
-        to_acc_heads(warp_sum_quad(bs) * kInjectBias, kb128[g][0], kb128[g][1]);
+        to_acc_heads(warp_sum_quad(bs) * Op::kBias, kb128[g][0], kb128[g][1]);
       }
     }
   }
@@ -147,12 +148,12 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
       const int c = 2 * t4 + 8 * j;
       const float2 sz0 = __half22float2(gp[c]), sz1 = __half22float2(gp[c + 1]);
       const float2 q2 = unpack_bf16x2(qraw[j]);
-      const float f = radix_factor<BITS>(j % P), inv_f = 1.0f / f;
-      qbg[j] = pack_bf16x2(q2.x * sz0.x * inv_f, q2.y * sz1.x * inv_f);
-      const float2 b2 = unpack_bf16x2(qbg[j]);
+      const float f = radix_factor<BITS, F16>(j % P), inv_f = 1.0f / f;
+      qbg[j] = Op::pack(q2.x * sz0.x * inv_f, q2.y * sz1.x * inv_f);
+      const float2 b2 = Op::unpack(qbg[j]);
       part += (sz0.x != 0.f ? b2.x * (f * __fdividef(sz0.y, sz0.x)) : q2.x * sz0.y) +
               (sz1.x != 0.f ? b2.y * (f * __fdividef(sz1.y, sz1.x)) : q2.y * sz1.y) -
-              kInjectBias * (b2.x + b2.y);
+              Op::kBias * (b2.x + b2.y);
     }
     to_acc_heads(warp_sum_quad(part), bias[0], bias[1]);
   };
@@ -163,10 +164,10 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
 #pragma unroll
     for (int j = 0; j < NKD; ++j) {
       const int c = 2 * t4 + 8 * j;
-      const float inv_f = 1.0f / radix_factor<BITS>(j % P);
+      const float inv_f = 1.0f / radix_factor<BITS, F16>(j % P);
       const float2 sz0 = __half22float2(gp[c]), sz1 = __half22float2(gp[c + 1]);
       kds[j][0] = sz0.x * inv_f, kds[j][1] = sz1.x * inv_f;
-      kdz[j][0] = sz0.y - kInjectBias * kds[j][0], kdz[j][1] = sz1.y - kInjectBias * kds[j][1];
+      kdz[j][0] = sz0.y - Op::kBias * kds[j][0], kdz[j][1] = sz1.y - Op::kBias * kds[j][1];
     }
   };
 
@@ -194,9 +195,9 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
       for (int half = 0; half < 2; ++half) {
         const int c = 16 * mt + r + 8 * half;
         const float2 sz = __half22float2(gp[c]);
-        const float sf = sz.x / radix_factor<BITS>((2 * mt + half) % P);
-        o[mt][2 * half] += sf * (raw[mt][2 * half] - kInjectBias * ps0) + sz.y * ps0;
-        o[mt][2 * half + 1] += sf * (raw[mt][2 * half + 1] - kInjectBias * ps1) + sz.y * ps1;
+        const float sf = sz.x / radix_factor<BITS, F16>((2 * mt + half) % P);
+        o[mt][2 * half] += sf * (raw[mt][2 * half] - Op::kBias * ps0) + sz.y * ps0;
+        o[mt][2 * half + 1] += sf * (raw[mt][2 * half + 1] - Op::kBias * ps1) + sz.y * ps1;
         raw[mt][2 * half] = raw[mt][2 * half + 1] = 0.f;
       }
     gps[0] = gps[1] = 0.f;
@@ -215,8 +216,8 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int g = (16 * mt) / G;
-        const float inv_f = 1.0f / radix_factor<BITS>((2 * mt + (e >> 1)) % P);
-        o[mt][e] += (raw[mt][e] - kInjectBias * vps[g][e & 1]) * inv_f + vpz[g][e & 1];
+        const float inv_f = 1.0f / radix_factor<BITS, F16>((2 * mt + (e >> 1)) % P);
+        o[mt][e] += (raw[mt][e] - Op::kBias * vps[g][e & 1]) * inv_f + vpz[g][e & 1];
         raw[mt][e] = 0.f;
       }
   };
@@ -293,8 +294,8 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
     switch ((2 * kt) % P) {
 #define FOSCAR_K_CASE(K0)                                                     \
   case K0:                                                                      \
-    a[0] = inject<BITS, K0>(kw[jq]), a[1] = inject<BITS, K0>(kw[HALFW + jq]);   \
-    a[2] = inject<BITS, K0 + 1>(kw[jq]), a[3] = inject<BITS, K0 + 1>(kw[HALFW + jq]); \
+    a[0] = inject<BITS, K0, F16>(kw[jq]), a[1] = inject<BITS, K0, F16>(kw[HALFW + jq]);   \
+    a[2] = inject<BITS, K0 + 1, F16>(kw[jq]), a[3] = inject<BITS, K0 + 1, F16>(kw[HALFW + jq]); \
     break;
       FOSCAR_K_CASE(0)
       FOSCAR_K_CASE(2)
@@ -303,10 +304,10 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
 #undef FOSCAR_K_CASE
     }
     if constexpr (DEQ) {
-      a[0] = dequant_f32(a[0], kds[2 * kt], kdz[2 * kt]);
-      a[1] = dequant_f32(a[1], kds[2 * kt], kdz[2 * kt]);
-      a[2] = dequant_f32(a[2], kds[2 * kt + 1], kdz[2 * kt + 1]);
-      a[3] = dequant_f32(a[3], kds[2 * kt + 1], kdz[2 * kt + 1]);
+      a[0] = Op::dequant(a[0], kds[2 * kt], kdz[2 * kt]);
+      a[1] = Op::dequant(a[1], kds[2 * kt], kdz[2 * kt]);
+      a[2] = Op::dequant(a[2], kds[2 * kt + 1], kdz[2 * kt + 1]);
+      a[3] = Op::dequant(a[3], kds[2 * kt + 1], kdz[2 * kt + 1]);
     }
   };
   auto v_operands = [&](const uint32_t (&vw)[T::kWordsPerLane], int mt, uint32_t (&a)[4]) {
@@ -314,8 +315,8 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
     switch ((2 * mt) % P) {
 #define FOSCAR_V_CASE(K0)                                                     \
   case K0:                                                                      \
-    a[0] = inject<BITS, K0>(vw[iq]), a[1] = inject<BITS, K0 + 1>(vw[iq]);       \
-    a[2] = inject<BITS, K0>(vw[HALFW + iq]), a[3] = inject<BITS, K0 + 1>(vw[HALFW + iq]); \
+    a[0] = inject<BITS, K0, F16>(vw[iq]), a[1] = inject<BITS, K0 + 1, F16>(vw[iq]);       \
+    a[2] = inject<BITS, K0, F16>(vw[HALFW + iq]), a[3] = inject<BITS, K0 + 1, F16>(vw[HALFW + iq]); \
     break;
       FOSCAR_V_CASE(0)
       FOSCAR_V_CASE(2)
@@ -379,7 +380,7 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
         for (int kt = 0; kt < T::kNKT; ++kt) {
           uint32_t a[4];
           k_operands(kw, kt, a);
-          mma_bf16_16816(kt % 2 ? acc1 : acc0, a[0], a[1], a[2], a[3], qb[gq][2 * kt], qb[gq][2 * kt + 1]);
+          Op::mma(kt % 2 ? acc1 : acc0, a[0], a[1], a[2], a[3], qb[gq][2 * kt], qb[gq][2 * kt + 1]);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[t][e] = acc0[e] + acc1[e] + (DEQ ? 0.f : kbias[gq][e & 1]);
@@ -394,7 +395,7 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
           for (int kt = g * G / 16; kt < (g + 1) * G / 16; ++kt) {
             uint32_t a[4];
             k_operands(kw, kt, a);
-            mma_bf16_16816(kt % 2 ? acc1 : acc0, a[0], a[1], a[2], a[3], qb[0][2 * kt], qb[0][2 * kt + 1]);
+            Op::mma(kt % 2 ? acc1 : acc0, a[0], a[1], a[2], a[3], qb[0][2 * kt], qb[0][2 * kt + 1]);
           }
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
@@ -447,9 +448,9 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
 #pragma unroll
           for (int e = 0; e < 4; ++e) pv[e] = pr[e];
         }
-        const uint32_t lo = pack_bf16x2(pv[0], pv[1]), hi = pack_bf16x2(pv[2], pv[3]);
+        const uint32_t lo = Op::pack(pv[0], pv[1]), hi = Op::pack(pv[2], pv[3]);
         if constexpr (!DEQ) {
-          const float2 fl = unpack_bf16x2(lo), fh = unpack_bf16x2(hi);
+          const float2 fl = Op::unpack(lo), fh = Op::unpack(hi);
           if constexpr (VCH) {
             gps[0] += fl.x + fh.x;
             gps[1] += fl.y + fh.y;
@@ -480,10 +481,10 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
             const float2 s0 = __half22float2(svp[tt * GD + g]), s1 = __half22float2(svp[(tt + 1) * GD + g]);
 #pragma unroll
             for (int fc = 0; fc < NF; ++fc) {
-              const float inv_f = 1.0f / radix_factor<BITS>(fc);
+              const float inv_f = 1.0f / radix_factor<BITS, F16>(fc);
               const int i = (tau * GD + g) * NF + fc;
               vds[i][0] = s0.x * inv_f, vds[i][1] = s1.x * inv_f;
-              vdz[i][0] = s0.y - kInjectBias * vds[i][0], vdz[i][1] = s1.y - kInjectBias * vds[i][1];
+              vdz[i][0] = s0.y - Op::kBias * vds[i][0], vdz[i][1] = s1.y - Op::kBias * vds[i][1];
             }
           }
       }
@@ -494,13 +495,13 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
         const int g = (16 * mt) / G;
         if constexpr (DEQ) {
           const int fc0 = BITS == 4 ? 0 : ((2 * mt) % P) % 3, fc1 = BITS == 4 ? 0 : ((2 * mt + 1) % P) % 3;
-          a[0] = dequant_f32(a[0], vds[g * NF + fc0], vdz[g * NF + fc0]);
-          a[1] = dequant_f32(a[1], vds[g * NF + fc1], vdz[g * NF + fc1]);
-          a[2] = dequant_f32(a[2], vds[(GD + g) * NF + fc0], vdz[(GD + g) * NF + fc0]);
-          a[3] = dequant_f32(a[3], vds[(GD + g) * NF + fc1], vdz[(GD + g) * NF + fc1]);
-          mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], b0[0], b1[0]);
+          a[0] = Op::dequant(a[0], vds[g * NF + fc0], vdz[g * NF + fc0]);
+          a[1] = Op::dequant(a[1], vds[g * NF + fc1], vdz[g * NF + fc1]);
+          a[2] = Op::dequant(a[2], vds[(GD + g) * NF + fc0], vdz[(GD + g) * NF + fc0]);
+          a[3] = Op::dequant(a[3], vds[(GD + g) * NF + fc1], vdz[(GD + g) * NF + fc1]);
+          Op::mma(o[mt], a[0], a[1], a[2], a[3], b0[0], b1[0]);
         } else {
-          mma_bf16_16816(raw[mt], a[0], a[1], a[2], a[3], b0[NB == 1 ? 0 : g], b1[NB == 1 ? 0 : g]);
+          Op::mma(raw[mt], a[0], a[1], a[2], a[3], b0[NB == 1 ? 0 : g], b1[NB == 1 ? 0 : g]);
         }
       }
       if constexpr (VCH && RAW && G == 32) {
@@ -528,10 +529,10 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
           for (int kt = 0; kt < T::kNKT; ++kt) {
             const int ch = 16 * kt + 2 * t4;
             auto ld = [&](int row, int c) -> uint32_t {
-              return row < tail_len ? *reinterpret_cast<const uint32_t*>(p.k_tail + tbase + (size_t)row * D + c) : 0u;
+              return row < tail_len ? Op::from_bf16(*reinterpret_cast<const uint32_t*>(p.k_tail + tbase + (size_t)row * D + c)) : 0u;
             };
-            mma_bf16_16816(acc, ld(row0, ch), ld(row1, ch), ld(row0, ch + 8), ld(row1, ch + 8), qraw[2 * kt],
-                           qraw[2 * kt + 1]);
+            Op::mma(acc, ld(row0, ch), ld(row1, ch), ld(row0, ch + 8), ld(row1, ch + 8), Op::from_bf16(qraw[2 * kt]),
+                    Op::from_bf16(qraw[2 * kt + 1]));
           }
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
@@ -549,8 +550,8 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
             pr[e] = exp2f(s[t][e] - m_new[e & 1]);
             l_part[e & 1] += pr[e];
           }
-          const uint32_t b0 = movmatrix_trans(pack_bf16x2(pr[0], pr[1]));
-          const uint32_t b1 = movmatrix_trans(pack_bf16x2(pr[2], pr[3]));
+          const uint32_t b0 = movmatrix_trans(Op::pack(pr[0], pr[1]));
+          const uint32_t b1 = movmatrix_trans(Op::pack(pr[2], pr[3]));
           const int tk = c0 + 16 * t + 2 * t4;
 #pragma unroll 2
           for (int mt = 0; mt < NMT; ++mt) {
@@ -560,10 +561,10 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
               __nv_bfloat162 v2;
               v2.x = tok < tail_len ? p.v_tail[tbase + (size_t)tok * D + c] : zero;
               v2.y = tok + 1 < tail_len ? p.v_tail[tbase + (size_t)(tok + 1) * D + c] : zero;
-              return *reinterpret_cast<uint32_t*>(&v2);
+              return Op::from_bf16(*reinterpret_cast<uint32_t*>(&v2));
             };
             const int ch = 16 * mt + r;
-            mma_bf16_16816(o[mt], ld(tk, ch), ld(tk, ch + 8), ld(tk + 8, ch), ld(tk + 8, ch + 8), b0, b1);
+            Op::mma(o[mt], ld(tk, ch), ld(tk, ch + 8), ld(tk + 8, ch), ld(tk + 8, ch + 8), b0, b1);
           }
         }
       }

@@ -13,10 +13,10 @@ namespace foscar {
 
 std::string& last_error();
 
-template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ, bool F16>
 int launch_instance(const FoscarDecodeArgs& a, cudaStream_t stream) {
-  auto kernel = foscar_decode_kernel<BITS, D, G, KCH, VCH, DEQ>;
-  constexpr int smem = decode_smem_bytes<BITS, D, G, KCH, VCH, DEQ>();
+  auto kernel = foscar_decode_kernel<BITS, D, G, KCH, VCH, DEQ, F16>;
+  constexpr int smem = decode_smem_bytes<BITS, D, G, KCH, VCH, DEQ, F16>();
   static bool attr_set = false;  // once per instance per process
   if (!attr_set) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -47,7 +47,7 @@ int launch_instance(const FoscarDecodeArgs& a, cudaStream_t stream) {
   p.num_splits = a.num_splits;
   p.units_per_split = a.units_per_split;
   p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
-  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
+  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ, F16>;
   dim3 grid(a.num_splits, a.num_kv_heads, a.batch);
   kernel<<<grid, T::kWarps * 32, smem, stream>>>(p);
   if (a.num_splits > 1) {
@@ -61,14 +61,19 @@ int launch_instance(const FoscarDecodeArgs& a, cudaStream_t stream) {
   return 0;
 }
 
-template <int BITS, int G, bool KCH, bool VCH>
-int launch_modes(const FoscarDecodeArgs& a, cudaStream_t s) {
+template <int BITS, int G, bool KCH, bool VCH, bool F16>
+int launch_variant(const FoscarDecodeArgs& a, cudaStream_t s) {
   if (a.dequant) {
-    if constexpr (KCH && !VCH) return launch_instance<BITS, 128, G, KCH, VCH, true>(a, s);
+    if constexpr (KCH && !VCH) return launch_instance<BITS, 128, G, KCH, VCH, true, F16>(a, s);
     last_error() = "the dequantize-first ablation is built for K channel-wise, V token-wise only";
     return 2;
   }
-  return launch_instance<BITS, 128, G, KCH, VCH, false>(a, s);
+  return launch_instance<BITS, 128, G, KCH, VCH, false, F16>(a, s);
+}
+
+template <int BITS, int G, bool KCH, bool VCH>
+int launch_modes(const FoscarDecodeArgs& a, cudaStream_t s) {
+  return a.operand_f16 ? launch_variant<BITS, G, KCH, VCH, true>(a, s) : launch_variant<BITS, G, KCH, VCH, false>(a, s);
 }
 
 template <int BITS, int G>
@@ -90,8 +95,5 @@ int launch_bits(const FoscarDecodeArgs& a, cudaStream_t s) {
       return 2;
   }
 }
-
-template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
-constexpr int smem_of() { return decode_smem_bytes<BITS, 128, G, KCH, VCH, DEQ>(); }
 
 }  // namespace foscar

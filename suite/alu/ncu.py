@@ -433,6 +433,17 @@ def profile_case(
     return res.as_dict()
 
 
+def own_case(backend: Any, case: Any) -> Any | None:
+    """The case `backend` really runs for `case` (its `case_for`); a quantized backend of
+    a fixed width (foscar-int2) asked about a case of another width runs that case at its
+    own width, so one command can profile INT4 and INT2 backends side by side."""
+    own = backend.case_for(case)
+    bits = getattr(backend, "bits", 0)
+    if own is None and getattr(backend, "quantized", False) and bits and case.k_mode != "none":
+        own = backend.case_for(case.with_(bits=bits))
+    return own
+
+
 def _own_case(backend_name: str, case: Any) -> tuple[Any, int | None]:
     """(the case the backend really runs, the byte model's read bytes for it). Falls back
     to (case, None) when the registry or the model cannot say: the ratio is then left
@@ -442,7 +453,7 @@ def _own_case(backend_name: str, case: Any) -> tuple[Any, int | None]:
         from suite.bytes_model import traffic_for
 
         backend = get_backend(backend_name)
-        own = backend.case_for(case) or case
+        own = own_case(backend, case) or case
     except Exception:  # noqa: BLE001
         return case, None
     try:

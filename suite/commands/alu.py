@@ -185,16 +185,17 @@ def run_dynamic(names: str, *, console: Any, arch: str, case_fields: dict, warmu
                 run: str | None, db: Path, ncu_log: Path | None = None) -> list[dict]:
     """Profiles each backend on the case; adds the static figure for our kernels; stores."""
     from baselines.base import select_backends
-    from suite.alu.ncu import ProfileResult, profile_case
+    from suite.alu.ncu import ProfileResult, own_case, profile_case
 
     case = make_case(case_fields)
     rows = []
     for backend in select_backends([n.strip() for n in names.split(",") if n.strip()]):
-        console.print(f"profiling {backend.name} on {case.key} under ncu ...")
-        res = profile_case(backend, case, warmup=warmup, iters=iters, kernel_regex=kernel_regex,
+        own = own_case(backend, case) or case
+        console.print(f"profiling {backend.name} on {own.key} under ncu ...")
+        res = profile_case(backend, own, warmup=warmup, iters=iters, kernel_regex=kernel_regex,
                            timeout_s=timeout, replay_mode=replay_mode,
                            log_path=ncu_log / f"{backend.name}.log" if ncu_log else None)
-        res["alu_static_per_elem"] = _static_for(backend, case, arch, console)
+        res["alu_static_per_elem"] = _static_for(backend, own, arch, console)
         rows.append(res)
         if run:
             _store(db, run, res, console, ProfileResult)
@@ -209,7 +210,7 @@ def _static_for(backend: Any, case: Any, arch: str, console: Any) -> float | Non
 
         from suite.alu.ours import static_for_backend
 
-        counts = static_for_backend(backend, backend.case_for(case) or case, build(arch))
+        counts = static_for_backend(backend, case, build(arch))
         return counts.alu_per_elem if counts else None
     except Exception as exc:  # noqa: BLE001 - the dynamic figures stand on their own
         console.print(f"  [yellow]no static figure for {backend.name}:[/yellow] {exc}")

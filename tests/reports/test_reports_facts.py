@@ -30,7 +30,10 @@ def test_facts_fall_back_to_records_and_named_h200_rate():
     assert f.peak_bus_tbps == pytest.approx(BUS_TBPS, rel=1e-9)  # eff / frac_peak_bus
     assert f.read_ceiling_tbps == pytest.approx(4.44, rel=1e-6)
     assert "records" in f.sources["peak_bus_tbps"]
-    assert f.alu_rate == H200_ALU_RATE  # no SM count in env: the measured figure
+    assert "assumed" in f.sources["sm_count"] and "sampled" in f.sources["sm_clock_mhz"]
+    assert f.alu_rate == pytest.approx(H200_ALU_RATE, rel=0.01)
+    no_clock = gpu_facts("NVIDIA H200", [{}], _records().assign(sm_clock_mhz_before=None))
+    assert no_clock.alu_rate == H200_ALU_RATE and "FOSCAR.md" in no_clock.alu_rate_source
     unknown = gpu_facts("Some GPU", [{}], _records().assign(frac_peak_bus=None, sm_clock_mhz_before=None))
     assert unknown.peak_bus_tbps is None and unknown.alu_rate is None and unknown.compute_ceilings() == {}
 

@@ -3,7 +3,6 @@ missing/unusable-ncu paths, and the ncu command line, through a stand-in ncu."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 from pathlib import Path
 
@@ -168,3 +167,27 @@ def test_profile_case_unsupported_and_permission(tmp_path, case):
     assert res["status"] == "unsupported" and res["reason"] == "needs a GPU"
     res = ncu.profile_case("torch-ref", case, ncu=_fake_ncu(tmp_path, "==ERROR== ERR_NVGPUCTRPERM\n"))
     assert res["status"] == "no_permission" and res["figures"] == {}
+
+
+def test_real_h200_capture_of_a_two_kernel_backend():
+    """ncu's own output for 2 decode steps of foscar-int4 (decode + combine kernel) at batch
+    8, KV 8192 on our H200, as `foscar-bench alu --ncu-log` kept it."""
+    text = (DATA / "ncu_foscar_int4_h200.txt").read_text()
+    rows = parse_csv(text)
+    assert len(rows) == 4 and len({r.kernel for r in rows}) == 2
+    assert any("foscar_combine_kernel" in r.kernel for r in rows)
+    case = Case(batch=8, kv_len=8192, bits=4, page_size=128)
+    fig = derive(per_launch(rows, 2), kv_elements(case), read_bytes=71_370_784)
+    assert fig["alu_per_elem"] == pytest.approx(1.4285, abs=1e-4)
+    assert fig["alu_issue_per_elem"] == pytest.approx(1.4360, abs=1e-4)  # full warps: close to it
+    assert fig["dram_model_ratio"] == pytest.approx(1.0048, abs=1e-4) and fig["dram_flag"] is False
+    assert fig["pipe_mix"]["tensor"]["per_elem"] == pytest.approx(0.125)  # one HMMA per 8 elements
+
+
+def test_own_case_follows_a_backends_width():
+    from baselines.base import get_backend
+
+    case = Case(batch=2, kv_len=1024, bits=4)
+    assert ncu.own_case(get_backend("foscar-int2"), case).bits == 2
+    assert ncu.own_case(get_backend("foscar-int4"), case).bits == 4
+    assert ncu.own_case(get_backend("torch-ref"), case).bits == 4
