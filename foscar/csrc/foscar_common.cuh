@@ -61,6 +61,19 @@ __host__ __device__ constexpr float radix_factor(int k) {
   return static_cast<float>(1 << (2 * pos));
 }
 
+// Positions that share a radix factor form a class; class c first occurs at position c, so
+// radix_factor(c) is the factor of class c.
+template <int BITS, bool F16>
+__host__ __device__ constexpr int radix_classes() {
+  return F16 ? (BITS == 4 ? 2 : 5) : (BITS == 4 ? 1 : 3);
+}
+template <int BITS, bool F16>
+__host__ __device__ constexpr int radix_class(int k) {
+  if (!F16) return BITS == 4 ? 0 : k % 3;
+  if (BITS == 4) return k % 2;
+  return k < 5 ? k : k - 5;
+}
+
 // ---------------------------------------------------------------------------------------
 // Tensor Core and data-movement primitives.
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,

@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
         b1[g] = movmatrix_trans(hi);
       }
       // Ablation, token-wise V: s / f and z - 128 s / f of this lane's A columns (token pairs).
-      constexpr int NF = BITS == 4 ? 1 : 3;  // distinct radix factors
+      constexpr int NF = radix_classes<BITS, F16>();  // distinct radix factors
       float vds[DEQ ? 2 * GD * NF : 1][2], vdz[DEQ ? 2 * GD * NF : 1][2];
       if constexpr (DEQ) {
 #pragma unroll
@@ -494,7 +494,7 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
         v_operands(vw, mt, a);
         const int g = (16 * mt) / G;
         if constexpr (DEQ) {
-          const int fc0 = BITS == 4 ? 0 : ((2 * mt) % P) % 3, fc1 = BITS == 4 ? 0 : ((2 * mt + 1) % P) % 3;
+          const int fc0 = radix_class<BITS, F16>((2 * mt) % P), fc1 = radix_class<BITS, F16>((2 * mt + 1) % P);
           a[0] = Op::dequant(a[0], vds[g * NF + fc0], vdz[g * NF + fc0]);
           a[1] = Op::dequant(a[1], vds[g * NF + fc1], vdz[g * NF + fc1]);
           a[2] = Op::dequant(a[2], vds[(GD + g) * NF + fc0], vdz[(GD + g) * NF + fc0]);
