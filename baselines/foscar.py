@@ -99,6 +99,7 @@ class _Foscar(Backend):
     tolerance = 4e-3  # FOSCAR.md section 8: bf16-rounding level against float64
     kv_format = "int"
     variant = "fold"
+    operand = "bf16"  # Tensor Core operand type (foscar.kernels.OPERANDS)
 
     def available(self) -> str | None:
         try:
@@ -136,17 +137,17 @@ class _Foscar(Backend):
         cache = quantize(source.k, source.v, source.seq_lens, config)
         q = source.q
         out = torch.empty_like(q)
-        variant = self.variant
+        variant, operand = self.variant, self.operand
 
         def run():
-            return decode(q, cache, sm_scale=source.sm_scale, out=out, variant=variant)
+            return decode(q, cache, sm_scale=source.sm_scale, out=out, variant=variant, operand=operand)
 
         def reference_kv(idx):
             return dequantize(cache, batch_indices=list(idx), dtype=torch.float32)
 
         return Prepared(
             run=run, reference_kv=reference_kv, bytes=traffic_for(self, case).total, out=out,
-            notes=f"foscar variant={variant}", keepalive=[cache],
+            notes=f"foscar variant={variant} operand={operand}", keepalive=[cache],
         )
 
 
@@ -178,3 +179,34 @@ class FoscarDequantInt2(_Foscar):
     bits = 2
     variant = "dequant"
     description = "our dequantize-then-MMA decode, INT2 KV (the unfolded baseline)"
+
+
+# fp16 operands (v2): fewer shifts per code, but measured wrong at batch 128 x 32K on the
+# H200 (docs/PERFORMANCE.md); swept under their own names so their records never mix with
+# the default kernel's.
+@register
+class FoscarInt4Fp16(FoscarInt4):
+    name = "foscar-int4-fp16"
+    operand = "fp16"
+    description = "FOSCAR folded decode, INT4 KV, fp16 operands (experimental)"
+
+
+@register
+class FoscarInt2Fp16(FoscarInt2):
+    name = "foscar-int2-fp16"
+    operand = "fp16"
+    description = "FOSCAR folded decode, INT2 KV, fp16 operands (experimental)"
+
+
+@register
+class FoscarDequantInt4Fp16(FoscarDequantInt4):
+    name = "foscar-dequant-int4-fp16"
+    operand = "fp16"
+    description = "our dequantize-then-MMA decode, INT4 KV, fp16 operands (experimental)"
+
+
+@register
+class FoscarDequantInt2Fp16(FoscarDequantInt2):
+    name = "foscar-dequant-int2-fp16"
+    operand = "fp16"
+    description = "our dequantize-then-MMA decode, INT2 KV, fp16 operands (experimental)"

@@ -104,7 +104,13 @@ def _issue_roofs(ax, records: pd.DataFrame, facts: GpuFacts, x: np.ndarray) -> N
         if alu <= 0:
             continue
         mine = points[points["backend"] == backend]
-        at = float(mine["bytes_per_elem"].median()) if len(mine) else 0.3
+        if len(mine):
+            at = float(mine["bytes_per_elem"].median())
+        else:  # no timed point (e.g. incorrect): its bytes per element still place the roof
+            rows = records[(records["backend"] == backend) & records["bytes"].notna()]
+            if not len(rows):
+                continue
+            at = float((rows["bytes"] / kv_elements(rows)).median())
         roof_at = facts.alu_rate / alu * at / 1e12
         ax.plot(x, facts.alu_rate / alu * x / 1e12, color=catalog.color(backend), linestyle="-.",
                 linewidth=1.2, label=f"{catalog.label(backend)}: {alu:.2f} ALU/elem ({kind}) "

@@ -5,6 +5,7 @@
 #   bash scripts/h200_record.sh      (writes under $OUT, default ./out)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-/tmp/fcache}
+# The device copy has no .git: pass FOSCAR_GIT_SHA=$(git rev-parse HEAD) in the command.
 OUT=${OUT:-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

@@ -91,7 +91,13 @@ def config_hash(config: dict) -> str:
 
 
 def git_state(cwd: str | os.PathLike | None = None) -> tuple[str | None, bool | None]:
-    """(sha, dirty) of the source tree this code runs from; (None, None) outside git."""
+    """(sha, dirty) of the source tree this code runs from; (None, None) outside git.
+
+    A copy of the tree without its .git (as on a lent GPU machine) can name its commit in
+    FOSCAR_GIT_SHA (and FOSCAR_GIT_DIRTY=1 when it carries uncommitted changes).
+    """
+    if os.environ.get("FOSCAR_GIT_SHA"):
+        return os.environ["FOSCAR_GIT_SHA"], os.environ.get("FOSCAR_GIT_DIRTY", "0") == "1"
     where = cwd or Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(

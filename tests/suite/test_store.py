@@ -93,3 +93,13 @@ def test_records_of_all_runs(tmp_path):
     store.add_record(r1, _rec())
     store.add_record(r2, _rec())
     assert len(store.records()) == 2 and set(store.records().run_id) == {r1, r2}
+
+
+def test_git_state_from_environment_for_a_tree_without_git(monkeypatch):
+    from suite.store import git_state
+
+    monkeypatch.setenv("FOSCAR_GIT_SHA", "abc1234")
+    monkeypatch.setenv("FOSCAR_GIT_DIRTY", "1")
+    assert git_state() == ("abc1234", True)
+    monkeypatch.setenv("FOSCAR_GIT_DIRTY", "0")
+    assert git_state() == ("abc1234", False)
