@@ -3,83 +3,29 @@
 
 The cache comes from `foscar.quantize` (docs/FORMAT.md); the reference attends over
 `foscar.dequantize` of that same cache, so quantization error is not the kernel's error.
-foscar.kernels is imported lazily: without a built extension these are `compile_error` or
-`unsupported` records, never a dead sweep.
+foscar.kernels builds libfoscar.so on first use: a failed build is a `compile_error` record,
+never a dead sweep.
 """
 from __future__ import annotations
-
-import importlib
-import inspect
-from typing import Any
 
 from baselines.base import Backend, CompileError, GpuInfo, Prepared, SourceKV, Unsupported, register
 from suite.bytes_model import traffic_for
 from suite.cases import Case
 
 
-def _api():
-    """(quantize, dequantize, decode, QuantConfig) from foscar, top level or submodules."""
+def _foscar():
     try:
         import foscar
-        from foscar.config import QuantConfig
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a broken install is a record, not a dead sweep
         raise Unsupported(f"the foscar package does not import: {type(exc).__name__}: {exc}") from exc
-    fns = {}
-    for name, sub in (("quantize", "cache"), ("dequantize", "cache"), ("decode", "kernels")):
-        fn = getattr(foscar, name, None)
-        if fn is None:
-            try:
-                fn = getattr(importlib.import_module(f"foscar.{sub}"), name, None)
-            except Exception:  # noqa: BLE001
-                fn = None
-        fns[name] = fn
-    missing = [n for n, f in fns.items() if f is None]
-    if missing:
-        raise Unsupported(f"foscar has no {', '.join(missing)} yet.")
-    return fns["quantize"], fns["dequantize"], fns["decode"], QuantConfig
+    return foscar
 
 
 def quant_config(case: Case):
-    QuantConfig = _api()[3]
-    return QuantConfig(
+    return _foscar().QuantConfig(
         bits=case.bits, group_size=case.group_size, k_mode=case.k_mode, v_mode=case.v_mode,
         page_size=case.page_size,
     )
-
-
-def kernel_unsupported_reason(
-    case: Case, config: Any, gpu: GpuInfo | None, variant: str = "fold"
-) -> str | None:
-    """foscar.kernels.unsupported_reason(...) if the kernel module offers it. Its exact
-    signature belongs to the kernel module, so arguments are passed by the names it takes."""
-    try:
-        from foscar import kernels
-    except Exception:  # noqa: BLE001 - not built yet: prepare will say why
-        return None
-    fn = getattr(kernels, "unsupported_reason", None)
-    if fn is None:
-        return None
-    offered = {
-        "q_shape": (case.batch, case.num_q_heads, case.head_dim),
-        "batch": case.batch,
-        "num_q_heads": case.num_q_heads,
-        "num_kv_heads": case.num_kv_heads,
-        "head_dim": case.head_dim,
-        "kv_len": case.kv_len,
-        "max_kv_len": case.kv_len,
-        "config": config,
-        "cfg": config,
-        "gpu": gpu,
-        "capability": gpu.capability if gpu else None,
-        "variant": variant,
-        "device": _torch_device(gpu),
-    }
-    try:
-        params = inspect.signature(fn).parameters
-        kwargs = {k: v for k, v in offered.items() if k in params}
-        return fn(**kwargs)
-    except Exception as exc:  # noqa: BLE001 - supports() must answer, never raise
-        return f"foscar.kernels.unsupported_reason failed: {type(exc).__name__}: {exc}"
 
 
 def _torch_device(gpu: GpuInfo | None):
@@ -88,9 +34,7 @@ def _torch_device(gpu: GpuInfo | None):
         return None
     import torch
 
-    if not torch.cuda.is_available():
-        return None
-    return torch.device("cuda", gpu.index)
+    return torch.device("cuda", gpu.index) if torch.cuda.is_available() else None
 
 
 class _Foscar(Backend):
@@ -103,7 +47,7 @@ class _Foscar(Backend):
 
     def available(self) -> str | None:
         try:
-            _api()
+            _foscar()
         except Unsupported as exc:
             return str(exc)
         return None
@@ -117,33 +61,35 @@ class _Foscar(Backend):
             config.check_head_dim(case.head_dim)
         except ValueError as exc:
             return str(exc)
-        return kernel_unsupported_reason(case, config, gpu, self.variant)
+        from foscar.kernels import unsupported_reason
+
+        return unsupported_reason(case.num_q_heads, case.num_kv_heads, case.head_dim, config,
+                                  self.variant, _torch_device(gpu))
 
     def prepare(self, case: Case, source: SourceKV) -> Prepared:
         import torch
 
-        quantize, dequantize, decode, _ = _api()
+        foscar = _foscar()
         try:
             from foscar import kernels
 
-            if hasattr(kernels, "load_library"):
-                kernels.load_library()  # builds libfoscar.so on first use
+            kernels.load_library()  # builds libfoscar.so on first use
         except Exception as exc:  # noqa: BLE001
             raise CompileError(
                 f"foscar's kernels did not build or load ({type(exc).__name__}: {exc}); "
                 "run `foscar-bench build` on the GPU machine to see nvcc's output."
             ) from exc
         config = quant_config(case)
-        cache = quantize(source.k, source.v, source.seq_lens, config)
+        cache = foscar.quantize(source.k, source.v, source.seq_lens, config)
         q = source.q
         out = torch.empty_like(q)
         variant, operand = self.variant, self.operand
 
         def run():
-            return decode(q, cache, sm_scale=source.sm_scale, out=out, variant=variant, operand=operand)
+            return foscar.decode(q, cache, sm_scale=source.sm_scale, out=out, variant=variant, operand=operand)
 
         def reference_kv(idx):
-            return dequantize(cache, batch_indices=list(idx), dtype=torch.float32)
+            return foscar.dequantize(cache, batch_indices=list(idx), dtype=torch.float32)
 
         return Prepared(
             run=run, reference_kv=reference_kv, bytes=traffic_for(self, case).total, out=out,

@@ -7,10 +7,10 @@ from suite.cases import Case
 
 
 def _foscar_api():
-    from baselines.foscar import _api
+    from baselines.foscar import _foscar
 
-    quantize, dequantize, _decode, QuantConfig = _api()
-    return quantize, dequantize, QuantConfig
+    foscar = _foscar()
+    return foscar.quantize, foscar.dequantize, foscar.QuantConfig
 
 
 @register

@@ -288,6 +288,16 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
     m_run[0] = m_new[0], m_run[1] = m_new[1];
   };
 
+  // p = 2^(s - m) for tile t, in the accumulator layout; the softmax denominator takes the
+  // unrounded p.
+  auto probabilities = [&](int t, const float (&m_new)[2], float (&pr)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      pr[e] = exp2f(s[t][e] - m_new[e & 1]);
+      l_part[e & 1] += pr[e];
+    }
+  };
+
   // S^T tile = K tile x operand, with the chain of k-steps split in two for latency.
   auto k_operands = [&](const uint32_t (&kw)[T::kWordsPerLane], int kt, uint32_t (&a)[4]) {
     const int jq = (2 * kt) / P;
@@ -418,11 +428,7 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       float pr[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        pr[e] = exp2f(s[t][e] - m_new[e & 1]);
-        l_part[e & 1] += pr[e];
-      }
+      probabilities(t, m_new, pr);
       uint32_t vw[T::kWordsPerLane];
 #pragma unroll
       for (int v = 0; v < T::kWordsPerLane / 4; ++v) {
@@ -545,11 +551,7 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           float pr[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            pr[e] = exp2f(s[t][e] - m_new[e & 1]);
-            l_part[e & 1] += pr[e];
-          }
+          probabilities(t, m_new, pr);
           const uint32_t b0 = movmatrix_trans(Op::pack(pr[0], pr[1]));
           const uint32_t b1 = movmatrix_trans(Op::pack(pr[2], pr[3]));
           const int tk = c0 + 16 * t + 2 * t4;
