@@ -116,6 +116,8 @@ def unsupported_reason(num_q_heads: int, num_kv_heads: int, head_dim: int, confi
     return None
 
 
+# Split-KV partials, one buffer per device, grown on demand. Decodes on one device share it,
+# so two launches on different streams at once would race: use one stream per device.
 _workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -211,7 +213,9 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
 
 def _plan_cached(cache: QuantizedKVCache, num_sms: int) -> tuple[int, int]:
     # The plan reads seq_lens back from the GPU once per cache object, not per step, so a
-    # decode step inside a CUDA graph capture never synchronizes.
+    # decode step inside a CUDA graph capture never synchronizes. After `append` grows the
+    # cache in place the plan may be stale; the kernel's last split takes every remaining
+    # unit, so a stale plan costs balance, never correctness.
     key = ("_foscar_plan", num_sms)
     plan = getattr(cache, "_plan_memo", None)
     if plan is None or plan[0] != key or plan[2] is not cache.seq_lens:

@@ -36,18 +36,3 @@ extern "C" int foscar_decode(const FoscarDecodeArgs* a, void* stream) {
 }
 
 extern "C" const char* foscar_last_error(void) { return foscar::last_error().c_str(); }
-
-extern "C" int foscar_unit_tokens(int group_size) {
-  return group_size > foscar::kChunk ? group_size : foscar::kChunk;
-}
-
-extern "C" int foscar_smem_bytes(int bits, int g) {
-  using namespace foscar;
-  // The staging buffers dominate; the same formula as decode_smem_bytes, at run time.
-  const int tiles = kChunk / 16, wpt = 16 * 128 * bits / 32;
-  const int params = (g >= kChunk ? 1 : kChunk / g) * 128;
-  const int stage = 2 * tiles * wpt * 4 + 2 * params * 4;
-  const int staging = 8 * (bits == 4 ? 2 : 3) * stage;
-  const int combine = 8 * 8 * (128 + 2) * 4;
-  return staging > combine ? staging : combine;
-}

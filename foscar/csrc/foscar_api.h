@@ -34,9 +34,6 @@ typedef struct FoscarDecodeArgs {
  * success; otherwise foscar_last_error() says what was wrong. */
 int foscar_decode(const FoscarDecodeArgs* args, void* stream);
 const char* foscar_last_error(void);
-/* Tokens in one unit of split-KV work for a configuration, and dynamic shared memory. */
-int foscar_unit_tokens(int group_size);
-int foscar_smem_bytes(int bits, int group_size);
 
 #ifdef __cplusplus
 }

@@ -8,8 +8,10 @@
 // Scales and offsets are folded, never applied per element (FOSCAR.md section 3):
 //   K token-wise   : accumulator fold per channel group (score += s * acc_g + const_g)
 //   K channel-wise : operand fold, Q~ = q * s / f rebuilt once per token group
-//   V token-wise   : operand fold, P~ = p * s; offsets and the 128 bias cancelled at the end
+//   V token-wise   : operand fold, P~ = p * s; offsets and the injection bias folded into
+//                    the output once per chunk
 //   V channel-wise : accumulator fold, a raw accumulator flushed at each token-group end
+// F16 picks the Tensor Core operand type (bf16 or fp16; foscar_common.cuh says why both).
 // DEQ = true builds the ablation: every element is dequantized (s * c + z) before the mma.
 #pragma once
 
