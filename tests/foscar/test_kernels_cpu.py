@@ -1,0 +1,99 @@
+"""The CPU side of foscar.kernels and foscar.build: split planning, support checks, input
+validation before any launch, the ptxas report parser and the build cache key."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import foscar
+from foscar import build, kernels
+from foscar.config import QuantConfig
+
+
+@pytest.mark.parametrize("batch,kv_heads,max_units", [(128, 8, 256), (1, 8, 256), (8, 8, 32), (1, 1, 1), (32, 8, 1024)])
+def test_plan_covers_every_unit_and_fills_at_most_a_wave_more(batch, kv_heads, max_units):
+    splits, per_split = kernels.plan_splits(batch, kv_heads, max_units, num_sms=132)
+    assert 1 <= splits <= kernels.MAX_SPLITS
+    assert splits * per_split >= max_units  # every unit has a split
+    assert (splits - 1) * per_split < max_units  # no split is empty
+    if batch * kv_heads >= 132:
+        assert splits == 1  # the grid already fills the GPU
+
+
+def test_plan_splits_a_single_long_sequence_across_the_gpu():
+    splits, _ = kernels.plan_splits(1, 8, 256, num_sms=132)
+    assert 8 * splits <= 132 and 8 * splits >= 100  # one wave, most SMs busy
+
+
+def test_unit_is_whole_groups_and_at_least_a_chunk():
+    assert kernels.unit_tokens(32) == kernels.CHUNK_TOKENS
+    assert kernels.unit_tokens(128) == 128
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(head_dim=64), "head_dim=64"),
+    (dict(num_q_heads=72), "1 to 8"),
+    (dict(variant="sparse"), "variant='sparse'"),
+    (dict(config=QuantConfig(param_dtype="fp32")), "fp16 scales"),
+    (dict(config=QuantConfig(group_size=32, page_size=96)), "multiple of 64"),
+    (dict(variant="dequant", config=QuantConfig(k_mode="token")), "ablation"),
+])
+def test_unsupported_reasons_name_the_value(kwargs, needle):
+    args = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, config=QuantConfig(), variant="fold")
+    args.update(kwargs)
+    reason = kernels.unsupported_reason(**args)
+    assert reason is not None and needle in reason
+
+
+def test_supported_case_has_no_reason():
+    assert kernels.unsupported_reason(32, 8, 128, QuantConfig(), "fold") is None
+
+
+def _cpu_cache():
+    k = torch.randn(2, 130, 2, 128).bfloat16()
+    return foscar.quantize(k, k.clone(), [130, 77], QuantConfig(bits=4, page_size=128))
+
+
+def test_decode_rejects_bad_queries_before_touching_the_gpu():
+    cache = _cpu_cache()
+    with pytest.raises(ValueError, match="bfloat16"):
+        kernels.decode(torch.randn(2, 8, 128), cache)
+    with pytest.raises(ValueError, match=r"\[batch, num_q_heads, head_dim\]"):
+        kernels.decode(torch.randn(2, 8, 128, 1).bfloat16(), cache)
+    with pytest.raises(ValueError, match="one query row per cached sequence"):
+        kernels.decode(torch.randn(3, 8, 128).bfloat16(), cache)
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        kernels.decode(torch.randn(2, 8, 128).bfloat16(), cache)
+
+
+PTXAS_LOG = """ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90a'
+ptxas info    : Function properties for _Z3fooPf
+    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 16 bytes cumulative stack size
+ptxas info    : Compiling entry function '_Z3barv' for 'sm_90a'
+ptxas info    : Function properties for _Z3barv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers
+"""
+
+
+def test_ptxas_report_is_parsed_per_kernel():
+    res = build.parse_ptxas(PTXAS_LOG)
+    assert [(r.registers, r.spill_store_bytes, r.spill_load_bytes, r.spills) for r in res] == [
+        (255, 8, 12, True), (32, 0, 0, False)]
+
+
+def test_gencode_names_the_bad_arch():
+    assert build.gencode("sm_90a") == ["-gencode=arch=compute_90a,code=sm_90a"]
+    with pytest.raises(build.BuildError, match="hopper"):
+        build.gencode("hopper")
+
+
+def test_build_key_follows_the_flags(monkeypatch):
+    nvcc = "nvcc"
+    monkeypatch.setattr(build, "_nvcc_version", lambda _: "V13.0")
+    base = build.build_key("sm_90a", nvcc)
+    assert build.build_key("sm_90a", nvcc) == base
+    assert build.build_key("sm_100a", nvcc) != base
+    monkeypatch.setattr(build, "NVCC_FLAGS", build.NVCC_FLAGS + ("-lineinfo",))
+    assert build.build_key("sm_90a", nvcc) != base
