@@ -21,19 +21,40 @@ constexpr uint32_t kF16Bias2 = 0x64006400u;
 // takes one immediate), which doubles the cost of injection; with the bias in a register
 // the single three-input LOP3 is what ptxas emits.
 template <uint32_t MASK, uint32_t BIAS>
-__device__ __forceinline__ uint32_t and_or_bias(uint32_t w) {
+__host__ __device__ __forceinline__ uint32_t and_or_bias(uint32_t w) {
+#ifdef __CUDA_ARCH__
   uint32_t d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(w), "n"(MASK), "r"(BIAS));
   return d;
+#else
+  return (w & MASK) | BIAS;  // the host build, for tests/foscar/test_injection.py
+#endif
 }
 
 // bf16 operands (7 mantissa bits, 128.0 = 0x4300) take an INT4 code only at bits 0-3, so
-// every INT4 position needs a shift; fp16 operands (10 mantissa bits, 1024.0 = 0x6400) take
-// codes at bits 0-9, so INT4 positions 0 and 1 (and 2 and 3 after one shift) and INT2
-// positions 0-4 (and 5-7 after one shift) are read in place, worth f * c (FOSCAR.md
-// section 4, "mixed-radix injection"). fp16 also rounds the folded operands 8x finer.
+// every INT4 position needs a shift. fp16 operands (10 mantissa bits, 1024.0 = 0x6400) take
+// codes anywhere in bits 0-9, worth f * c (FOSCAR.md section 4, "mixed-radix injection").
+// The fp16 schedule reads every code at bit 4 or higher (f >= 16): the injection bias is
+// then at most 1024 / 16 = 64 times a code's unit, where positions read at bit 0 made it
+// 1024 times, and v2's measurements (docs/PERFORMANCE.md) point at the MMA accumulation
+// losing precision to that bias. A left shift is an IMAD (FMA pipe), nearly free beside LOP3.
+//   fp16 INT4: position 0 from w << 4, 1 in place (bits 4-7), 2 from w >> 4 (all f = 16),
+//              3 from w >> 6 at bits 6-9 (f = 64).
+//   fp16 INT2: positions 0, 1 from w << 4 (f = 16, 64), 2-4 in place (16, 64, 256),
+//              5-7 from w >> 6 (16, 64, 256).
+template <int BITS>
+__host__ __device__ constexpr int f16_shift(int k) {  // > 0: right shift, < 0: left shift
+  if (BITS == 4) return k == 0 ? -4 : (k == 1 ? 0 : (k == 2 ? 4 : 6));
+  return k < 2 ? -4 : (k < 5 ? 0 : 6);
+}
+template <int BITS>
+__host__ __device__ constexpr int f16_offset(int k) {  // bit of the code's LSB after the shift
+  if (BITS == 4) return k == 3 ? 6 : 4;
+  return 4 + 2 * ((k < 2 ? k : (k < 5 ? k - 2 : k - 5)));
+}
+
 template <int BITS, int K, bool F16>
-__device__ __forceinline__ uint32_t inject(uint32_t w) {
+__host__ __device__ __forceinline__ uint32_t inject(uint32_t w) {
   if constexpr (!F16) {
     if constexpr (BITS == 4) {
       return and_or_bias<0x000F000Fu, kBf16Bias2>(w >> (4 * K));  // factor 1
@@ -42,13 +63,10 @@ __device__ __forceinline__ uint32_t inject(uint32_t w) {
       return and_or_bias<(0x00030003u << (2 * (K % 3))), kBf16Bias2>(w >> ((K / 3) * 6));
     }
   } else {
-    if constexpr (BITS == 4) {
-      // Positions 0, 1 in place (factors 1, 16); 2, 3 from w >> 8.
-      return and_or_bias<(0x000F000Fu << (4 * (K % 2))), kF16Bias2>(w >> ((K / 2) * 8));
-    } else {
-      // INT2: positions 0-4 in place (factors 1, 4, 16, 64, 256); 5-7 from w >> 10.
-      return and_or_bias<(0x00030003u << (2 * (K < 5 ? K : K - 5))), kF16Bias2>(w >> (K < 5 ? 0 : 10));
-    }
+    constexpr int kShift = f16_shift<BITS>(K);
+    constexpr uint32_t kMask = (((1u << BITS) - 1u) << f16_offset<BITS>(K)) * 0x00010001u;
+    const uint32_t x = kShift < 0 ? w * (1u << (kShift < 0 ? -kShift : 0)) : w >> (kShift > 0 ? kShift : 0);
+    return and_or_bias<kMask, kF16Bias2>(x);
   }
 }
 
@@ -56,22 +74,22 @@ __device__ __forceinline__ uint32_t inject(uint32_t w) {
 template <int BITS, bool F16>
 __host__ __device__ constexpr float radix_factor(int k) {
   if (!F16) return BITS == 4 ? 1.0f : (k % 3 == 0 ? 1.0f : (k % 3 == 1 ? 4.0f : 16.0f));
-  if (BITS == 4) return k % 2 ? 16.0f : 1.0f;
-  const int pos = k < 5 ? k : k - 5;
-  return static_cast<float>(1 << (2 * pos));
+  return static_cast<float>(1 << f16_offset<BITS>(k));
 }
 
-// Positions that share a radix factor form a class; class c first occurs at position c, so
-// radix_factor(c) is the factor of class c.
+// Positions that share a radix factor form a class (the ablation keeps one scale per class).
 template <int BITS, bool F16>
 __host__ __device__ constexpr int radix_classes() {
-  return F16 ? (BITS == 4 ? 2 : 5) : (BITS == 4 ? 1 : 3);
+  return F16 ? (BITS == 4 ? 2 : 3) : (BITS == 4 ? 1 : 3);
 }
 template <int BITS, bool F16>
 __host__ __device__ constexpr int radix_class(int k) {
   if (!F16) return BITS == 4 ? 0 : k % 3;
-  if (BITS == 4) return k % 2;
-  return k < 5 ? k : k - 5;
+  return (f16_offset<BITS>(k) - 4) / 2;
+}
+template <int BITS, bool F16>
+__host__ __device__ constexpr float class_factor(int c) {
+  return F16 ? static_cast<float>(16 << (2 * c)) : radix_factor<BITS, false>(c);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -489,7 +489,7 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
             const float2 s0 = __half22float2(svp[tt * GD + g]), s1 = __half22float2(svp[(tt + 1) * GD + g]);
 #pragma unroll
             for (int fc = 0; fc < NF; ++fc) {
-              const float inv_f = 1.0f / radix_factor<BITS, F16>(fc);
+              const float inv_f = 1.0f / class_factor<BITS, F16>(fc);
               const int i = (tau * GD + g) * NF + fc;
               vds[i][0] = s0.x * inv_f, vds[i][1] = s1.x * inv_f;
               vdz[i][0] = s0.y - Op::kBias * vds[i][0], vdz[i][1] = s1.y - Op::kBias * vds[i][1];
