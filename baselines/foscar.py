@@ -127,9 +127,8 @@ class FoscarDequantInt2(_Foscar):
     description = "our dequantize-then-MMA decode, INT2 KV (the unfolded baseline)"
 
 
-# fp16 operands (v2): fewer shifts per code, but measured wrong at batch 128 x 32K on the
-# H200 (docs/PERFORMANCE.md); swept under their own names so their records never mix with
-# the default kernel's.
+# fp16 operands: an experiment (docs/PERFORMANCE.md, v2 and v3), swept under their own names
+# so their records never mix with the default kernel's.
 @register
 class FoscarInt4Fp16(FoscarInt4):
     name = "foscar-int4-fp16"

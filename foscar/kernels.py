@@ -20,10 +20,10 @@ WARPS_PER_CTA = 8
 CHUNK_TOKENS = 64
 MAX_SPLITS = 64
 VARIANTS = ("fold", "dequant")
-# Tensor Core operand type. bf16 (the default) is the one measured correct at every shape;
-# fp16 takes codes at more bit positions (fewer shifts, 0.95-1.07 ALU/element measured) but
-# measured 0.5-3.6% error at batch 128 x 32K on the H200 (docs/PERFORMANCE.md, v2): it stays
-# selectable for that investigation, and the harness's correctness gate will say if it is wrong.
+# Tensor Core operand type. bf16 (the default) is the one measured correct at every shape.
+# fp16 takes codes at more bit positions and rounds folded operands finer; its first schedule
+# (v2) measured 0.5-3.6 % error at batch 128 x 32K on the H200, the current one (v3) is not
+# measured yet (docs/PERFORMANCE.md). The harness's correctness gate judges it either way.
 OPERANDS = ("bf16", "fp16")
 DEFAULT_OPERAND = os.environ.get("FOSCAR_OPERAND", "bf16")
 
