@@ -5,8 +5,9 @@
 Correctness is checked on a few sequences against float64 attention over the dequantized
 cache before anything is timed. Times are CUDA-event medians of single launches after a
 warm-up; the cache is far larger than L2 at the default shape (pass --rotate for small ones).
-Bytes come from the cache's own byte count plus Q, O (bf16). The harness (`foscar-bench sweep`)
-is the tool for recorded results; this script is for iterating on a kernel.
+Bytes come from the cache's own byte count plus Q, O (bf16); the fraction is of the GPU's
+datasheet peak (suite.bytes_model). The harness (`foscar-bench sweep`) is the tool for
+recorded results; this script is for iterating on a kernel.
 """
 from __future__ import annotations
 
@@ -20,8 +21,7 @@ import torch
 import foscar
 from foscar.config import QuantConfig
 from foscar.reference import attention_f64
-
-PEAK_TBPS = 4.81  # H200 datasheet; the harness derives the bus peak from NVML instead
+from suite.bytes_model import datasheet_peak_tbps
 
 
 def time_us(fn, reps: int) -> list[float]:
@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
+    peak_tbps = datasheet_peak_tbps(torch.cuda.get_device_name(0)) or float("nan")
     torch.manual_seed(0)
     B, L, H, D = args.batch, args.kv_len, args.kv_heads, 128
     k = torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16)
@@ -83,7 +84,7 @@ def main() -> None:
                 med = statistics.median(ts)
                 row.update(status="passed", median_us=med, p10_us=sorted(ts)[len(ts) // 10],
                            p90_us=sorted(ts)[(9 * len(ts)) // 10], bytes=nbytes,
-                           tbps=nbytes / med / 1e6, frac_peak=nbytes / med / 1e6 / PEAK_TBPS,
+                           tbps=nbytes / med / 1e6, frac_peak=nbytes / med / 1e6 / peak_tbps,
                            splits=foscar.kernels.launch_plan(cache, torch.cuda.get_device_properties(0).multi_processor_count))
         except Exception as exc:  # noqa: BLE001 - a dev loop reports and goes on
             row.update(status="crashed", reason=str(exc)[:300])
@@ -91,7 +92,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         del cache
         torch.cuda.empty_cache()
-    print(f"\n{'config':<22}{'variant':<9}{'status':<10}{'us':>9}{'TB/s':>7}{'%4.81':>7}{'err':>10}")
+    print(f"\n{'config':<22}{'variant':<9}{'status':<10}{'us':>9}{'TB/s':>7}{'%peak':>7}{'err':>10}")
     for r in rows:
         print(f"{r['config']:<22}{r['variant']:<9}{r['status']:<10}{r.get('median_us', math.nan):>9.1f}"
               f"{r.get('tbps', math.nan):>7.2f}{100 * r.get('frac_peak', math.nan):>7.1f}{r.get('rel_error', math.nan):>10.2e}")
