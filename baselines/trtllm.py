@@ -28,6 +28,7 @@ from suite.bytes_model import traffic_for
 from suite.cases import Case
 
 WORKSPACE_BYTES = 256 * 1024 * 1024  # XQA keeps 8 MB of semaphores at the front
+XQA_SEMAPHORE_BYTES = 8 << 20
 
 
 def _xqa_fn():
@@ -90,6 +91,9 @@ class TrtllmXqaFP8(Backend):
         pt = page_table(case.batch, source.max_len, case.page_size, dev)
         seq_lens = source.seq_lens.to(torch.int32).contiguous()
         workspace = shared_workspace(dev, WORKSPACE_BYTES)
+        # XQA keeps semaphores at the start of its workspace and needs them zero at first
+        # use; FlashInfer's decode, which shares this buffer, leaves partial results there.
+        workspace[:XQA_SEMAPHORE_BYTES].zero_()
         out = torch.empty_like(source.q)
         q = source.q
         max_len = int(source.seq_lens.max())

@@ -237,9 +237,11 @@ class Sweep:
                 slot.started_at = time.time()
         elif kind == "record":
             item = slot.item
-            if len(msg) > 4 and msg[4]:
-                slot.retiring = True
+            # Only the record of the item this slot's worker holds counts: a late record from
+            # a worker already killed on timeout must not retire its fresh replacement.
             if item is not None and item.item_id == msg[2]:
+                if len(msg) > 4 and msg[4]:
+                    slot.retiring = True
                 self._write(item, msg[3], slot)
                 slot.item, slot.started_at = None, None
 

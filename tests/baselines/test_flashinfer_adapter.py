@@ -142,3 +142,16 @@ def test_call_with_supported_drops_unknown_kwargs():
 
     assert call_with_supported(f, 1, b=2, c=3) == 3
     assert call_with_supported(lambda **kw: sorted(kw), x=1, y=2) == ["x", "y"]
+
+
+def test_xqa_starts_from_zeroed_semaphores_after_flashinfer_used_the_workspace(fake_flashinfer):
+    from baselines._paging import shared_workspace
+    from baselines.trtllm import WORKSPACE_BYTES, XQA_SEMAPHORE_BYTES
+
+    backend = get_backend("trtllm-xqa-fp8")
+    case = backend.case_for(Case(batch=1, kv_len=64, num_q_heads=8, num_kv_heads=2, head_dim=64,
+                                 page_size=32, bits=4))
+    shared_workspace("cpu", WORKSPACE_BYTES)[: XQA_SEMAPHORE_BYTES + 16].fill_(7)  # a previous user
+    backend.prepare(case, make_source(case, "cpu"))
+    ws = shared_workspace("cpu", WORKSPACE_BYTES)
+    assert int(ws[:XQA_SEMAPHORE_BYTES].max()) == 0
