@@ -43,7 +43,7 @@ class _Args(ctypes.Structure):
         ("operand_f16", ctypes.c_int32),
         ("page_size", ctypes.c_int32), ("max_pages", ctypes.c_int32),
         ("num_splits", ctypes.c_int32), ("units_per_split", ctypes.c_int32),
-        ("sm_scale", ctypes.c_float),
+        ("sm_scale", ctypes.c_float), ("device", ctypes.c_int32),
     ]
 
 
@@ -180,7 +180,8 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     _check_inputs(q, cache, out, variant)
     operand = operand or DEFAULT_OPERAND
     if operand not in OPERANDS:
-        raise ValueError(f"operand={operand!r} is not built; expected one of {OPERANDS}.")
+        raise ValueError(f"operand={operand!r} (from the argument or $FOSCAR_OPERAND) is not built; "
+                         f"expected one of {OPERANDS}.")
     lib = load_library()
     cfg = cache.config
     batch, num_q_heads, head_dim = q.shape
@@ -190,6 +191,9 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     splits, per_split = _plan_cached(cache, num_sms)
     if num_splits is not None:
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+            raise ValueError(f"num_splits={num_splits!r} is not a split count; pass an int >= 1, "
+                             "or None for the automatic plan.")
         max_units = splits * per_split
         per_split = math.ceil(max_units / num_splits)
         splits = math.ceil(max_units / per_split)
@@ -203,7 +207,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
         batch, num_q_heads, cache.num_kv_heads, head_dim,
         cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
         int(variant == "dequant"), int(operand == "fp16"), cfg.page_size, cache.page_table.shape[1],
-        splits, per_split, scale,
+        splits, per_split, scale, q.device.index if q.device.index is not None else torch.cuda.current_device(),
     )
     stream = torch.cuda.current_stream(q.device).cuda_stream
     if lib.foscar_decode(ctypes.byref(args), ctypes.c_void_p(stream)) != 0:

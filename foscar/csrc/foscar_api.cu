@@ -16,6 +16,10 @@ extern "C" int foscar_decode(const FoscarDecodeArgs* a, void* stream) {
     last_error() = "head_dim " + std::to_string(a->head_dim) + " is not built; expected 128";
     return 2;
   }
+  if (a->batch < 1 || a->num_kv_heads < 1 || a->num_splits < 1 || a->units_per_split < 1) {
+    last_error() = "batch, num_kv_heads, num_splits and units_per_split must be >= 1";
+    return 2;
+  }
   if (a->num_q_heads % a->num_kv_heads || a->num_q_heads / a->num_kv_heads > 8) {
     last_error() = "query heads per KV head must be 1..8, got " +
                    std::to_string(a->num_q_heads) + "/" + std::to_string(a->num_kv_heads);

@@ -24,10 +24,11 @@ typedef struct FoscarDecodeArgs {
   float* ws_ml;           /* fp32 [batch, num_q_heads, num_splits, 2] */
   int32_t batch, num_q_heads, num_kv_heads, head_dim;
   int32_t bits, group_size, k_channel, v_channel, dequant;
-  int32_t operand_f16;    /* 1: fp16 Tensor Core operands (default), 0: bf16 */
+  int32_t operand_f16;    /* 1: fp16 Tensor Core operands (experimental), 0: bf16 (default) */
   int32_t page_size, max_pages;
   int32_t num_splits, units_per_split;
   float sm_scale;
+  int32_t device;         /* CUDA device index of every pointer above; the launch goes there */
 } FoscarDecodeArgs;
 
 /* Launches the decode (and, when num_splits > 1, the combine) on `stream`. Returns 0 on

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 
@@ -17,15 +18,28 @@ template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ, bool F16>
 int launch_instance(const FoscarDecodeArgs& a, cudaStream_t stream) {
   auto kernel = foscar_decode_kernel<BITS, D, G, KCH, VCH, DEQ, F16>;
   constexpr int smem = decode_smem_bytes<BITS, D, G, KCH, VCH, DEQ, F16>();
-  static bool attr_set = false;  // once per instance per process
-  if (!attr_set) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  // This library links its own CUDA runtime, whose current device is not the caller's:
+  // set it from the tensors' device, and raise the shared-memory limit once per device.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> attr_set[kMaxDevices];
+  if (a.device < 0 || a.device >= kMaxDevices) {
+    last_error() = "device index " + std::to_string(a.device) + " is out of range 0.." + std::to_string(kMaxDevices - 1);
+    return 2;
+  }
+  cudaError_t e = cudaSetDevice(a.device);
+  if (e != cudaSuccess) {
+    last_error() = std::string("cudaSetDevice: ") + cudaGetErrorString(e);
+    return 1;
+  }
+  if (!attr_set[a.device].load()) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) {
       last_error() = std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
       return 1;
     }
-    attr_set = true;
+    attr_set[a.device].store(true);
   }
+  (void)cudaGetLastError();  // report only what this launch causes
   DecodeParams p;
   p.q = static_cast<const __nv_bfloat16*>(a.q);
   p.o = static_cast<__nv_bfloat16*>(a.o);
@@ -53,7 +67,7 @@ int launch_instance(const FoscarDecodeArgs& a, cudaStream_t stream) {
   if (a.num_splits > 1) {
     foscar_combine_kernel<D><<<a.batch * a.num_q_heads, D, 0, stream>>>(a.ws_o, a.ws_ml, p.o, a.num_splits);
   }
-  cudaError_t e = cudaGetLastError();
+  e = cudaGetLastError();
   if (e != cudaSuccess) {
     last_error() = std::string("kernel launch: ") + cudaGetErrorString(e);
     return 1;
