@@ -340,8 +340,14 @@ def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
         preps.append(backend.prepare(case, clone_source(source)))
     flush = None
     if policy == "flush":
-        buf = torch.empty(2 * (ctx.gpu.l2_bytes or 50 << 20), dtype=torch.uint8, device=ctx.device)
-        flush = buf.zero_
+        # Flush by reading: a write would leave L2 full of dirty lines whose write-back the
+        # timed kernel would then pay for.
+        buf = torch.ones(2 * (ctx.gpu.l2_bytes or 50 << 20) // 4, dtype=torch.int32, device=ctx.device)
+        sink = torch.empty((), dtype=torch.int64, device=ctx.device)
+
+        def flush():
+            torch.sum(buf, out=sink)
+
         preps.append(buf)  # keep alive
     rec.update(l2_policy=policy, l2_detail=detail)
     before = clock_sample(ctx.nvml, ctx.nvml_handle)
