@@ -14,7 +14,7 @@ from typing import Any
 from baselines.base import Backend, CompileError, GpuInfo, Prepared, SourceKV, Unsupported
 from suite import bytes_model
 from suite.cases import Case
-from suite.timing import l2_plan, time_cpu, time_gpu
+from suite.timing import l2_flush, l2_plan, time_cpu, time_gpu
 
 MAX_CHECK_SEQS = 4  # sequences the float64 reference checks in big cases
 MAX_ROTATE_COPIES = 32
@@ -330,8 +330,6 @@ def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
     if not ctx.is_cuda:
         rec["l2_policy"] = "n/a (cpu)"
         return time_cpu([prepared.run])
-    import torch
-
     from suite.envinfo import clock_sample
 
     copies, policy, detail = l2_plan(prepared.bytes, ctx.gpu.l2_bytes, MAX_ROTATE_COPIES)
@@ -340,15 +338,7 @@ def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
         preps.append(backend.prepare(case, clone_source(source)))
     flush = None
     if policy == "flush":
-        # Flush by reading: a write would leave L2 full of dirty lines whose write-back the
-        # timed kernel would then pay for.
-        buf = torch.ones(2 * (ctx.gpu.l2_bytes or 50 << 20) // 4, dtype=torch.int32, device=ctx.device)
-        sink = torch.empty((), dtype=torch.int64, device=ctx.device)
-
-        def flush():
-            torch.sum(buf, out=sink)
-
-        preps.append(buf)  # keep alive
+        flush = l2_flush(2 * (ctx.gpu.l2_bytes or 50 << 20), ctx.device)
     rec.update(l2_policy=policy, l2_detail=detail)
     before = clock_sample(ctx.nvml, ctx.nvml_handle)
     timing, after = time_gpu(

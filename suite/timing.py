@@ -178,3 +178,17 @@ def l2_plan(bytes_per_copy: int, l2_bytes: int | None, max_copies: int, factor: 
             f"{int(copies)} copies, {copies * bytes_per_copy / 1e6:.0f} MB >= {factor}x L2 ({l2 / 1e6:.0f} MB)"
         )
     return 1, "flush", f"flush {2 * l2 / 1e6:.0f} MB before each sample (would need {int(copies)} copies)"
+
+
+def l2_flush(nbytes: int, device: Any) -> Callable[[], Any]:
+    """A function that sweeps `nbytes` through the cache by READING them: a write would leave
+    L2 full of dirty lines whose write-back the timed kernel would then pay for."""
+    import torch
+
+    buf = torch.ones(max(1, nbytes // 4), dtype=torch.int32, device=device)
+    sink = torch.empty((), dtype=torch.int64, device=device)
+
+    def flush() -> None:
+        torch.sum(buf, dim=0, out=sink)  # buf and sink live as long as flush does
+
+    return flush
