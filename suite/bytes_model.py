@@ -20,11 +20,11 @@ FORMATS = ("bf16", "fp16", "fp8", "nvfp4", "int")
 # Datasheet HBM peaks in TB/s (decimal), the nvbench habit: kept beside the bus-derived
 # peak, never instead of it. Matched by substring of the NVML name, first hit wins.
 DATASHEET_TBPS: tuple[tuple[str, float], ...] = (
+    ("GH200", 4.0),  # before "H200" and "H100", which its name contains
     ("H200", 4.8),
     ("H100 NVL", 3.9),
     ("H100 PCIe", 2.0),
     ("H100", 3.35),  # SXM
-    ("GH200", 4.0),
     ("B200", 8.0),
     ("A100-SXM4-80GB", 2.039),
     ("A100 80GB PCIe", 1.935),

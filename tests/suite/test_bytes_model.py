@@ -118,3 +118,12 @@ def test_peaks():
     assert bm.eff_bandwidth_tbps(1e12, 1e6) == pytest.approx(1.0)  # 1 TB in 1 s
     assert bm.eff_bandwidth_tbps(100, None) is None
     assert bm.fraction(None, 4.8) is None
+
+
+def test_datasheet_peak_matches_the_most_specific_name_first():
+    from suite.bytes_model import datasheet_peak_tbps
+
+    assert datasheet_peak_tbps("NVIDIA H200") == 4.8
+    assert datasheet_peak_tbps("NVIDIA GH200 480GB") == 4.0
+    assert datasheet_peak_tbps("NVIDIA H100 80GB HBM3") == 3.35
+    assert datasheet_peak_tbps("Some Other GPU") is None
