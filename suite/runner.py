@@ -184,25 +184,10 @@ def check_indices(batch: int) -> list[int]:
 
 
 def attention_f64(q, k, v, seq_lens, sm_scale):
-    """foscar.reference.attention_f64 (the project's float64 reference)."""
-    try:
-        from foscar.reference import attention_f64 as ref
-    except Exception:  # noqa: BLE001 - the reference module is being written alongside
-        ref = _attention_f64_fallback
+    """The project's float64 reference (foscar.reference.attention_f64), imported on use."""
+    from foscar.reference import attention_f64 as ref
+
     return ref(q, k, v, seq_lens, sm_scale)
-
-
-def _attention_f64_fallback(q, k, v, seq_lens, sm_scale):
-    import torch
-
-    b, hq, d = q.shape
-    hkv = k.shape[2]
-    qg = q.double().view(b, hkv, hq // hkv, d)
-    scores = torch.einsum("bhrd,bthd->bhrt", qg, k.double()) * sm_scale
-    valid = torch.arange(k.shape[1], device=q.device)[None, :] < torch.as_tensor(seq_lens, device=q.device).long()[:, None]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    p = torch.softmax(scores, dim=-1)
-    return torch.einsum("bhrt,bthd->bhrd", p, v.double()).reshape(b, hq, d)
 
 
 def rel_l2(a, b) -> float:
