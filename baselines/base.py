@@ -133,8 +133,13 @@ class Backend:
         return None
 
     def supports(self, case: Case, gpu: GpuInfo | None) -> str | None:
-        """None if the backend can run `case` on `gpu`, else the reason it cannot."""
-        return self.available()
+        """None if the backend can run `case` on `gpu`, else the reason it cannot: first
+        whether its library is there, then what the case asks (`case_reason`)."""
+        return self.available() or self.case_reason(case, gpu)
+
+    def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
+        """Why this case or GPU is out of the backend's reach, once its library is there."""
+        return None
 
     def memory_bytes(self, case: Case) -> int:
         """Device bytes one prepared copy holds (beyond the source), for fit checks and

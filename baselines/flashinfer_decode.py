@@ -61,10 +61,7 @@ class _FlashInferDecode(Backend):
     def available(self) -> str | None:
         return None if has_module("flashinfer") else INSTALL_HINT + "."
 
-    def supports(self, case: Case, gpu: GpuInfo | None) -> str | None:
-        reason = self.available()
-        if reason:
-            return reason
+    def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
         if case.head_dim not in self.head_dims:
             return f"head_dim={case.head_dim} is not compiled in FlashInfer's decode; expected one of {self.head_dims}."
         return self._arch_reason(gpu)
@@ -234,8 +231,8 @@ class FlashInferNVFP4TC(_FlashInferDecode):
 
         return case.with_(bits=4, **NO_QUANT)
 
-    def supports(self, case: Case, gpu: GpuInfo | None) -> str | None:
-        reason = super().supports(case, gpu)
+    def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
+        reason = super().case_reason(case, gpu)
         if reason:
             return reason
         try:

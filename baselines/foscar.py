@@ -52,10 +52,7 @@ class _Foscar(Backend):
             return str(exc)
         return None
 
-    def supports(self, case: Case, gpu: GpuInfo | None) -> str | None:
-        reason = self.available()
-        if reason:
-            return reason
+    def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
         try:
             config = quant_config(case)
             config.check_head_dim(case.head_dim)

@@ -65,10 +65,7 @@ class TrtllmXqaFP8(Backend):
             return str(exc)
         return None
 
-    def supports(self, case: Case, gpu: GpuInfo | None) -> str | None:
-        reason = self.available()
-        if reason:
-            return reason
+    def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
         if case.head_dim not in (64, 128, 256):
             return f"head_dim={case.head_dim} is not built into XQA; expected 64, 128 or 256."
         if case.page_size not in self.page_sizes:
