@@ -5,6 +5,7 @@ Only foscar/packing.py knows the bit layout; this module knows pages, parameters
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -367,11 +368,14 @@ def _dequantize_chunk(cache, seqs, out_k, out_v, dtype) -> None:
 
 def _dequantize_codes(codes, params, mode, group, dtype) -> torch.Tensor:
     """codes [n, T, H, D] and logical params -> s*c + z in dtype."""
-    scale, offset = params[..., 0].to(dtype), params[..., 1].to(dtype)
+    # Computed in at least fp32 and rounded once, so a bf16 result is round(s*c + z) rather
+    # than the sum of already-rounded terms.
+    work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    scale, offset = params[..., 0].to(work), params[..., 1].to(work)
     dim_of_group = -1 if mode == "token" else 1
     scale = scale.repeat_interleave(group, dim=dim_of_group)
     offset = offset.repeat_interleave(group, dim=dim_of_group)
-    return codes.to(dtype) * scale + offset
+    return (codes.to(work) * scale + offset).to(dtype)
 
 
 def gather_codes(cache: QuantizedKVCache, seqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -526,8 +530,9 @@ def _check_seq_lens(seq_lens, batch: int, max_kv_len: int) -> list[int]:
     else:
         lens = list(seq_lens)
         for i, n in enumerate(lens):
-            if isinstance(n, bool) or not isinstance(n, int):
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral):
                 raise ValueError(f"seq_lens[{i}]={n!r} is not an int; expected token counts: pass ints.")
+        lens = [int(n) for n in lens]  # numpy and torch integers become plain ints
     if len(lens) != batch:
         raise ValueError(
             f"seq_lens has {len(lens)} entries but k and v hold batch={batch} sequences; expected one "

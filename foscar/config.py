@@ -42,7 +42,8 @@ class QuantConfig:
         if self.page_size <= 0 or self.page_size % self.group_size or self.page_size % 16:
             raise ValueError(
                 f"page_size={self.page_size!r} must be a positive multiple of group_size="
-                f"{self.group_size} and of 16; pick page_size={max(self.group_size, 16)} for instance."
+                f"{self.group_size} and of 16 (the CUDA kernels also want a multiple of 64); pick "
+                f"page_size={max(self.group_size, 64)} for instance."
             )
 
     @property

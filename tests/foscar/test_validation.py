@@ -114,3 +114,23 @@ def test_config_errors_are_sentences():
         with pytest.raises(ValueError) as error:
             QuantConfig(**kwargs)
         assert_one_sentence(error, phrase)
+
+
+def test_numpy_integer_lengths_are_accepted():
+    import numpy as np
+
+    import foscar
+
+    k = torch.randn(2, 100, 1, 128).bfloat16()
+    cache = foscar.quantize(k, k.clone(), [np.int64(100), np.int32(50)], foscar.QuantConfig(page_size=128))
+    assert cache.seq_lens.tolist() == [100, 50]
+
+
+def test_bf16_dequantize_rounds_once():
+    import foscar
+
+    k = (torch.randn(1, 128, 1, 128) * 20).bfloat16()
+    cache = foscar.quantize(k, k.clone(), [128], foscar.QuantConfig(bits=4, page_size=128))
+    kf, _ = foscar.dequantize(cache, dtype=torch.float32)
+    kb, _ = foscar.dequantize(cache, dtype=torch.bfloat16)
+    assert torch.equal(kb, kf.to(torch.bfloat16))
