@@ -87,14 +87,15 @@ class Prepared:
         head_dim] in any float dtype: the cache as THIS backend stores it, dequantized.
         The float64 reference attends over it, so quantization error is not counted
         against the kernel (it is reported separately as quant_rel_error).
-    bytes: bytes one step must move, from suite.bytes_model.
+    bytes: bytes one step must move, only where it differs from suite.bytes_model's count for
+        the case (None: the harness takes the byte model's).
     out: the output buffer `run` writes (poisoned before the checked run), or None.
     reference_q: the query the reference uses, if the backend's cannot be the source's.
     """
 
     run: Callable[[], Any]
     reference_kv: Callable[[Sequence[int]], tuple[Any, Any]]
-    bytes: int
+    bytes: int | None = None
     out: Any = None
     reference_q: Any = None
     notes: str = ""

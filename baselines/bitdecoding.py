@@ -13,7 +13,6 @@ import inspect
 from typing import Any
 
 from baselines.base import Backend, GpuInfo, Prepared, SourceKV, Unsupported, register
-from suite.bytes_model import traffic_for
 from suite.cases import Case
 
 BUILD_HINT = (
@@ -129,7 +128,6 @@ class _BitDecoding(Backend):
         return Prepared(
             run=run,
             reference_kv=reference_kv,
-            bytes=traffic_for(self, case).total,
             out=None,
             notes="reference: emulated min/max quantization (fp16 scale/offset)",
             keepalive=[k_pack, k_params, v_pack, v_params, q],

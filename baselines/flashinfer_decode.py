@@ -138,7 +138,6 @@ class _FlashInferDecode(Backend):
         return Prepared(
             run=run,
             reference_kv=fmt["reference_kv"],
-            bytes=traffic_for(self, case).total,
             out=out,
             notes=f"flashinfer {flashinfer_version()}",
             keepalive=[workspace, wrapper, pt, fmt],

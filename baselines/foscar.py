@@ -9,7 +9,6 @@ never a dead sweep.
 from __future__ import annotations
 
 from baselines.base import Backend, CompileError, GpuInfo, Prepared, SourceKV, Unsupported, register
-from suite.bytes_model import traffic_for
 from suite.cases import Case
 
 
@@ -89,7 +88,7 @@ class _Foscar(Backend):
             return foscar.dequantize(cache, batch_indices=list(idx), dtype=torch.float32)
 
         return Prepared(
-            run=run, reference_kv=reference_kv, bytes=traffic_for(self, case).total, out=out,
+            run=run, reference_kv=reference_kv, out=out,
             notes=f"foscar variant={variant} operand={operand}", keepalive=[cache],
         )
 

@@ -12,7 +12,6 @@ import os
 import time
 
 from baselines.base import Backend, GpuInfo, Prepared, SourceKV, register
-from suite.bytes_model import traffic_for
 from suite.cases import Case
 
 
@@ -49,7 +48,6 @@ class _HarnessTestBackend(Backend):
         return Prepared(
             run=run,
             reference_kv=lambda idx: (source.k[list(idx)], source.v[list(idx)]),
-            bytes=traffic_for(self, case).total,
             out=out,
         )
 
@@ -82,7 +80,7 @@ class UnwrittenBackend(_HarnessTestBackend):
 
         out = torch.empty_like(source.q)
         return Prepared(run=lambda: out, reference_kv=lambda idx: (source.k[list(idx)], source.v[list(idx)]),
-                        bytes=traffic_for(self, case).total, out=out)
+                        out=out)
 
 
 @register

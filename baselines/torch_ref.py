@@ -73,6 +73,4 @@ class TorchRef(Backend):
             ii = torch.as_tensor(list(idx), device=kh.device)
             return kh[ii].transpose(1, 2), vh[ii].transpose(1, 2)
 
-        from suite.bytes_model import traffic_for
-
-        return Prepared(run=run, reference_kv=reference_kv, bytes=traffic_for(self, case).total, out=out)
+        return Prepared(run=run, reference_kv=reference_kv, out=out)

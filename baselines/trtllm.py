@@ -123,7 +123,6 @@ class TrtllmXqaFP8(Backend):
                 fp8_dequantize(sample_rows(k8, idx), ks),
                 fp8_dequantize(sample_rows(v8, idx), vs),
             ),
-            bytes=traffic_for(self, case).total,
             out=out,
             notes=f"flashinfer {flashinfer_version()}",
             keepalive=[workspace, pt, kp, vp],

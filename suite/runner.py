@@ -266,14 +266,14 @@ def measure(case: Case, backend: Backend, ctx: WorkerContext) -> tuple[dict, boo
             return rec, False
         source = source_for(ctx, case)
         prepared = backend.prepare(case, source)
-        rec["bytes"] = prepared.bytes or traffic.total
+        rec["bytes"] = nbytes = prepared.bytes or traffic.total
         if prepared.notes:
             rec["notes"] = prepared.notes
         checked = check(case, backend, prepared, source, ctx)
         rec.update(checked)
         if checked.get("status") == "incorrect":
             return rec, False
-        timing = _time(case, backend, prepared, source, ctx, rec)
+        timing = _time(case, backend, prepared, source, ctx, rec, nbytes)
         rec.update(
             status="passed",
             median_us=timing.median_us,
@@ -311,13 +311,14 @@ def context_healthy(ctx: WorkerContext) -> bool:
         return False
 
 
-def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ctx: WorkerContext, rec: dict):
+def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ctx: WorkerContext, rec: dict,
+          nbytes: int):
     if not ctx.is_cuda:
         rec["l2_policy"] = "n/a (cpu)"
         return time_cpu([prepared.run])
     from suite.envinfo import clock_sample
 
-    copies, policy, detail = l2_plan(prepared.bytes, ctx.gpu.l2_bytes, MAX_ROTATE_COPIES)
+    copies, policy, detail = l2_plan(nbytes, ctx.gpu.l2_bytes, MAX_ROTATE_COPIES)
     preps = [prepared]
     for _ in range(copies - 1):
         preps.append(backend.prepare(case, clone_source(source)))
