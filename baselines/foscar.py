@@ -42,7 +42,6 @@ class _Foscar(Backend):
     tolerance = 4e-3  # FOSCAR.md section 8: bf16-rounding level against float64
     kv_format = "int"
     variant = "fold"
-    operand = "bf16"  # Tensor Core operand type (foscar.kernels.OPERANDS)
 
     def available(self) -> str | None:
         try:
@@ -79,17 +78,17 @@ class _Foscar(Backend):
         cache = foscar.quantize(source.k, source.v, source.seq_lens, config)
         q = source.q
         out = torch.empty_like(q)
-        variant, operand = self.variant, self.operand
+        variant = self.variant
 
         def run():
-            return foscar.decode(q, cache, sm_scale=source.sm_scale, out=out, variant=variant, operand=operand)
+            return foscar.decode(q, cache, sm_scale=source.sm_scale, out=out, variant=variant)
 
         def reference_kv(idx):
             return foscar.dequantize(cache, batch_indices=list(idx), dtype=torch.float32)
 
         return Prepared(
             run=run, reference_kv=reference_kv, out=out,
-            notes=f"foscar variant={variant} operand={operand}", keepalive=[cache],
+            notes=f"foscar variant={variant}", keepalive=[cache],
         )
 
 
@@ -121,33 +120,3 @@ class FoscarDequantInt2(_Foscar):
     bits = 2
     variant = "dequant"
     description = "our dequantize-then-MMA decode, INT2 KV (the unfolded baseline)"
-
-
-# fp16 operands: an experiment (docs/PERFORMANCE.md, v2 and v3), swept under their own names
-# so their records never mix with the default kernel's.
-@register
-class FoscarInt4Fp16(FoscarInt4):
-    name = "foscar-int4-fp16"
-    operand = "fp16"
-    description = "FOSCAR folded decode, INT4 KV, fp16 operands (experimental)"
-
-
-@register
-class FoscarInt2Fp16(FoscarInt2):
-    name = "foscar-int2-fp16"
-    operand = "fp16"
-    description = "FOSCAR folded decode, INT2 KV, fp16 operands (experimental)"
-
-
-@register
-class FoscarDequantInt4Fp16(FoscarDequantInt4):
-    name = "foscar-dequant-int4-fp16"
-    operand = "fp16"
-    description = "our dequantize-then-MMA decode, INT4 KV, fp16 operands (experimental)"
-
-
-@register
-class FoscarDequantInt2Fp16(FoscarDequantInt2):
-    name = "foscar-dequant-int2-fp16"
-    operand = "fp16"
-    description = "our dequantize-then-MMA decode, INT2 KV, fp16 operands (experimental)"

@@ -15,10 +15,15 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 TRANSLATION_UNITS = ("foscar_api.cu", "foscar_int4.cu", "foscar_int2.cu")
-NVCC_FLAGS = ("-std=c++17", "-O3", "--use_fast_math", "-Xptxas", "-v", "-Xcompiler", "-fPIC")
+# Hidden visibility: only the C API is exported, so two builds loaded in one process (the
+# kernel lab's variants) cannot bind each other's template statics (GCC makes those
+# process-wide "unique" symbols otherwise, and a variant then skipped its own setup).
+NVCC_FLAGS = ("-std=c++17", "-O3", "--use_fast_math", "-Xptxas", "-v", "-Xcompiler", "-fPIC",
+              "-Xcompiler", "-fvisibility=hidden")
 DEFAULT_ARCH = "sm_90a"
 
 # What one trip of each decode kernel's main loop consumes, per thread: a chunk of 64
@@ -87,13 +92,14 @@ def _nvcc_version(nvcc: str) -> str:
     return out.strip().splitlines()[-1] if out.strip() else "unknown"
 
 
-def build_key(arch: str, nvcc: str) -> str:
+def build_key(arch: str, nvcc: str, defines: Sequence[str] = ()) -> str:
     h = hashlib.sha256()
     for src in sorted(CSRC.glob("*")):
         if src.suffix in (".cu", ".cuh", ".h"):
             h.update(src.name.encode())
             h.update(src.read_bytes())
     h.update(" ".join(NVCC_FLAGS).encode())
+    h.update(" ".join(defines).encode())
     h.update(arch.encode())
     h.update(_nvcc_version(nvcc).encode())
     return h.hexdigest()[:16]
@@ -134,18 +140,31 @@ def _demangle(name: str) -> str:
     return res.stdout.strip() or name
 
 
-def _compile(nvcc: str, arch: str, src: Path, obj: Path) -> str:
-    cmd = [nvcc, *gencode(arch), *NVCC_FLAGS, "-c", str(src), "-o", str(obj)]
+def check_defines(defines: Sequence[str]) -> list[str]:
+    """Kernel build knobs (`-DNAME=VALUE`, see foscar_decode.cuh), for experiments."""
+    out = []
+    for d in defines:
+        if not re.fullmatch(r"-DFOSCAR_[A-Z0-9_]+(=[A-Za-z0-9_]+)?", d):
+            raise BuildError(f"define {d!r} is not a kernel knob; expected -DFOSCAR_NAME=VALUE.")
+        out.append(d)
+    return out
+
+
+def _compile(nvcc: str, arch: str, src: Path, obj: Path, defines: Sequence[str] = ()) -> str:
+    cmd = [nvcc, *gencode(arch), *NVCC_FLAGS, *defines, "-c", str(src), "-o", str(obj)]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode:
         raise BuildError(f"nvcc failed on {src.name}:\n{res.stderr[-6000:]}")
     return res.stderr
 
 
-def build(arch: str = DEFAULT_ARCH, force: bool = False, verbose: bool = False) -> BuildResult:
-    """Compiles (or finds in the cache) libfoscar.so for `arch`."""
+def build(arch: str = DEFAULT_ARCH, force: bool = False, verbose: bool = False,
+          defines: Sequence[str] = ()) -> BuildResult:
+    """Compiles (or finds in the cache) libfoscar.so for `arch`; `defines` are kernel knobs
+    for experiments (scripts/kernel_lab.py), hashed into the cache key."""
     nvcc = find_nvcc()
-    key = build_key(arch, nvcc)
+    defines = check_defines(defines)
+    key = build_key(arch, nvcc, defines)
     out_dir = cache_dir() / f"{arch}-{key}"
     so_path = out_dir / "libfoscar.so"
     meta_path = out_dir / "resources.json"
@@ -156,7 +175,7 @@ def build(arch: str = DEFAULT_ARCH, force: bool = False, verbose: bool = False) 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=min(len(TRANSLATION_UNITS), os.cpu_count() or 1)) as pool:
-        logs = list(pool.map(lambda tu: _compile(nvcc, arch, CSRC / tu[0], tu[1]),
+        logs = list(pool.map(lambda tu: _compile(nvcc, arch, CSRC / tu[0], tu[1], defines),
                              zip(TRANSLATION_UNITS, objects)))
     tmp = so_path.with_suffix(".so.tmp")
     cmd = [nvcc, *gencode(arch), "-shared", "-Xcompiler", "-fPIC", *map(str, objects), "-o", str(tmp)]

@@ -16,5 +16,5 @@ for k in spills:
     print(f"  spill: {k.name} ({k.spill_store_bytes} B stored, {k.spill_load_bytes} B loaded)")
 PY
 # The precision probe is a standalone CUDA program: keep it compiling.
-nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 -I foscar/csrc scripts/probe_mma_precision.cu -o "${TMPDIR:-/tmp}/foscar_probe_mma"
+nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 scripts/probe_mma_precision.cu -o "${TMPDIR:-/tmp}/foscar_probe_mma"
 echo "scripts/probe_mma_precision.cu compiles"

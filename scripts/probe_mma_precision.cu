@@ -5,8 +5,7 @@
 //     and compare the signal f * sum(c * p) with the exact value computed in double;
 //  2. subnormal operands: is an fp16 B below 6.1e-5 multiplied, or flushed to zero?
 // Build and run on the GPU box (no torch needed):
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 -I foscar/csrc \
-//        scripts/probe_mma_precision.cu -o /tmp/probe && /tmp/probe
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 scripts/probe_mma_precision.cu -o /tmp/probe && /tmp/probe
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -14,9 +13,35 @@
 #include <random>
 #include <vector>
 
-#include "foscar_common.cuh"
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
-using namespace foscar;
+// The probe's own operand helpers: the kernels use bf16 alone since v4 (docs/PERFORMANCE.md),
+// and this probe is what settled that fp16 with a bias read at bit 0 loses precision.
+template <bool F16>
+struct Operand {
+  __device__ static uint32_t pack(float lo, float hi) {
+    if constexpr (F16) {
+      __half2 v = __floats2half2_rn(lo, hi);
+      return *reinterpret_cast<uint32_t*>(&v);
+    } else {
+      __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<uint32_t*>(&v);
+    }
+  }
+  __device__ static void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                             uint32_t b1) {
+    if constexpr (F16) {
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                   : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                   : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+  }
+};
 
 #define CHECK(x)                                                                  \
   do {                                                                            \

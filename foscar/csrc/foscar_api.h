@@ -5,6 +5,14 @@
 #define FOSCAR_API_H_
 #include <stdint.h>
 
+/* The library is built with hidden visibility (a second variant library loaded beside the
+ * first must not share its internal state); these are the only exported symbols. */
+#if defined(__GNUC__)
+#define FOSCAR_EXPORT __attribute__((visibility("default")))
+#else
+#define FOSCAR_EXPORT
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -24,7 +32,6 @@ typedef struct FoscarDecodeArgs {
   float* ws_ml;           /* fp32 [batch, num_q_heads, num_splits, 2] */
   int32_t batch, num_q_heads, num_kv_heads, head_dim;
   int32_t bits, group_size, k_channel, v_channel, dequant;
-  int32_t operand_f16;    /* 1: fp16 Tensor Core operands (experimental), 0: bf16 (default) */
   int32_t page_size, max_pages;
   int32_t num_splits, units_per_split;
   float sm_scale;
@@ -33,8 +40,10 @@ typedef struct FoscarDecodeArgs {
 
 /* Launches the decode (and, when num_splits > 1, the combine) on `stream`. Returns 0 on
  * success; otherwise foscar_last_error() says what was wrong. */
-int foscar_decode(const FoscarDecodeArgs* args, void* stream);
-const char* foscar_last_error(void);
+FOSCAR_EXPORT int foscar_decode(const FoscarDecodeArgs* args, void* stream);
+FOSCAR_EXPORT const char* foscar_last_error(void);
+/* Warps per CTA of the decode kernels this library was built with, for the split planner. */
+FOSCAR_EXPORT int foscar_warps_per_cta(int bits);
 
 #ifdef __cplusplus
 }

@@ -1,20 +1,30 @@
 // FOSCAR split-KV decode attention over a 2- or 4-bit paged KV cache (docs/FORMAT.md).
 //
 // One CTA handles one (sequence, KV head, split); each warp streams its own chunks of 64
-// tokens through a cp.async shared-memory pipeline and keeps its own online-softmax state.
-// Both products put KV on the M side of mma.m16n8k16 so the packed codes become A operands
-// in registers by mantissa injection, and the query heads of the KV head sit on N = 8:
+// tokens into a shared-memory ring (the bulk copy engine, one lane issuing) and keeps its
+// own online-softmax state. Both products put KV on the M side of mma.m16n8k16 so the
+// packed codes become A operands in registers by mantissa injection, and the query heads
+// of the KV head sit on N = 8:
 //   S^T = K Q^T   (tokens x heads),   O^T = V^T P^T   (channels x heads).
 // Scales and offsets are folded, never applied per element (FOSCAR.md section 3):
-//   K token-wise   : accumulator fold per channel group (score += s * acc_g + const_g)
+//   K token-wise   : accumulator fold per channel group (score = s * acc_g + const_g)
 //   K channel-wise : operand fold, Q~ = q * s / f rebuilt once per token group
 //   V token-wise   : operand fold, P~ = p * s; offsets and the injection bias folded into
-//                    the output once per chunk
+//                    the output every 512 tokens of a warp
 //   V channel-wise : accumulator fold, a raw accumulator flushed at each token-group end
-// F16 picks the Tensor Core operand type (bf16 or fp16; foscar_common.cuh says why both).
 // DEQ = true builds the ablation: every element is dequantized (s * c + z) before the mma.
+//
+// What costs instructions, and how this kernel keeps it down (docs/PERFORMANCE.md, v4):
+// - the per-group and per-token divisions z / s are done once per value by the warp's lanes
+//   together into a small fold table in shared memory, not once per lane that reads them;
+// - the softmax scale rides on Q~ (channel-wise K) or on the K epilogue's constants, so
+//   scores come out of the MMA already in the log2 domain;
+// - masks run only on a chunk that crosses the sequence end, the softmax maximum is reduced
+//   across lanes only when some lane saw a larger score, and the folded output is flushed
+//   every 8 chunks, not once per chunk.
 #pragma once
 
+#include "foscar_api.h"
 #include "foscar_common.cuh"
 
 namespace foscar {
@@ -34,14 +44,67 @@ struct DecodeParams {
   float* ws_ml;                 // [batch, num_q_heads, num_splits, 2]
   int batch, num_q_heads, num_kv_heads;
   int page_size, max_pages;
+  int page_shift;               // log2(page_size) when it is a power of two, else -1
   int num_splits, units_per_split;
   float sm_scale_log2;          // softmax scale times log2(e)
 };
 
+// The kernel's parameters from the C ABI's arguments (host side).
+inline DecodeParams make_params(const FoscarDecodeArgs& a) {
+  DecodeParams p;
+  p.q = static_cast<const __nv_bfloat16*>(a.q);
+  p.o = static_cast<__nv_bfloat16*>(a.o);
+  p.k_codes = static_cast<const uint32_t*>(a.k_codes);
+  p.v_codes = static_cast<const uint32_t*>(a.v_codes);
+  p.k_params = static_cast<const __half2*>(a.k_params);
+  p.v_params = static_cast<const __half2*>(a.v_params);
+  p.page_table = a.page_table;
+  p.seq_lens = a.seq_lens;
+  p.k_tail = static_cast<const __nv_bfloat16*>(a.k_tail);
+  p.v_tail = static_cast<const __nv_bfloat16*>(a.v_tail);
+  p.ws_o = a.ws_o;
+  p.ws_ml = a.ws_ml;
+  p.batch = a.batch;
+  p.num_q_heads = a.num_q_heads;
+  p.num_kv_heads = a.num_kv_heads;
+  p.page_size = a.page_size;
+  p.max_pages = a.max_pages;
+  p.page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(a.page_size)) : -1;
+  p.num_splits = a.num_splits;
+  p.units_per_split = a.units_per_split;
+  p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
+  return p;
+}
+
 constexpr int kChunk = 64;       // tokens a warp stages and scores at once
 constexpr float kNegInf = -INFINITY;
+// Stands in for a zero scale (a constant group, whose codes are all 0: docs/FORMAT.md) in the
+// fold tables: the value s * (c + z / s) is z for any s when c = 0, so no lane needs a
+// zero-scale branch, and the operand it multiplies keeps an ordinary magnitude.
+constexpr float kZeroScaleStandIn = 1.0f;
+// Channel-wise K runs its product in fp16 (8x finer rounding of q~ than bf16, one shift per
+// word); q~ is scaled per token group by a power of two that puts max |q~| in [2^13, 2^14).
+constexpr int kQTopExponent = 13;
 
-template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ, bool F16>
+// Build-time knobs for kernel experiments (foscar.build passes -D flags; scripts/kernel_lab.py
+// times them; the defaults are the measured choice, docs/PERFORMANCE.md).
+#ifndef FOSCAR_WARPS_INT4
+#define FOSCAR_WARPS_INT4 8
+#endif
+#ifndef FOSCAR_WARPS_INT2
+#define FOSCAR_WARPS_INT2 8
+#endif
+#ifndef FOSCAR_STAGES_INT4
+#define FOSCAR_STAGES_INT4 2
+#endif
+#ifndef FOSCAR_STAGES_INT2
+#define FOSCAR_STAGES_INT2 3
+#endif
+#ifndef FOSCAR_BULK
+#define FOSCAR_BULK 1  // 1: one lane stages each chunk with the bulk copy engine; 0: cp.async
+#endif
+
+template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
 struct DecodeTraits {
   static constexpr int kP = 16 / BITS;                  // code positions per 16-bit half
   static constexpr int kWordsPerLane = D * BITS / 64;   // words per lane per 16-token tile
@@ -50,42 +113,73 @@ struct DecodeTraits {
   static constexpr int kTiles = kChunk / 16;
   static constexpr int kUnit = G > kChunk ? G : kChunk;  // split / warp granularity (tokens)
   static constexpr int kChunksPerUnit = kUnit / kChunk;
+  // Token-wise V folds `raw` into the output every this many chunks of a warp (512 tokens):
+  // a chain of 32 MMAs keeps the 128 bias's accumulation error near 1e-4 of the signal
+  // (scripts/probe_mma_precision.cu), and the flush's reductions run once per 8 chunks.
+  static constexpr int kFlushChunks = 8;
   static constexpr int kNJ = D / 8;                      // channel blocks per lane (K side)
   static constexpr int kNKT = D / 16;                    // k-steps of S^T = K Q^T
   static constexpr int kNMT = D / 16;                    // m-tiles of O^T = V^T P^T
   static constexpr int kGroupsD = D / G;                 // channel groups (token-wise modes)
+  // Token groups one chunk touches in channel-wise mode (2 when G = 32).
+  static constexpr int kGroupsT = G >= kChunk ? 1 : kChunk / G;
   // Parameters one chunk stages, in half2: token-wise 64 * D / G, channel-wise one group row
   // per group the chunk touches.
-  static constexpr int kParamsPerChunk = (G >= kChunk ? 1 : kChunk / G) * D;
+  static constexpr int kParamsPerChunk = kGroupsT * D;
   static constexpr int kCodeBytes = kTiles * kWordsPerTile * 4;
   static constexpr int kStageBytes = 2 * kCodeBytes + 2 * kParamsPerChunk * 4;
-  static constexpr int kStages = BITS == 4 ? 2 : 3;
-  static constexpr int kWarps = 8;
+  static constexpr int kStages = BITS == 4 ? FOSCAR_STAGES_INT4 : FOSCAR_STAGES_INT2;
+  static constexpr int kWarps = BITS == 4 ? FOSCAR_WARPS_INT4 : FOSCAR_WARPS_INT2;
+  // Fold tables per warp, float2 entries: channel-wise K (s * scale / f, f z / s - 128) per
+  // channel of each token group in the chunk; token-wise V (s, z / s) per token and group.
+  static constexpr int kKTable = (KCH && !DEQ) ? kGroupsT * D : 0;
+  static constexpr int kVTable = (!VCH && !DEQ) ? kChunk * kGroupsD : 0;
+  static constexpr int kTableBytes = (kKTable + kVTable) * 8;
+  static constexpr int kMaxRatio = 8;                    // query heads per KV head (N = 8)
   static_assert(kWordsPerLane % 4 == 0, "each lane loads whole 16-byte vectors");
-  static_assert(kParamsPerChunk == kChunk * D / G || G >= kChunk, "param run size");
 };
 
-template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ, bool F16>
+// Shared memory: [staging ring, per warp][fold tables, per warp][q][ring barriers]; the
+// cross-warp combine at the end reuses the front.
+template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+struct SmemLayout {
+  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
+  static constexpr int kStaging = T::kWarps * T::kStages * T::kStageBytes;
+  static constexpr int kTables = kStaging;
+  static constexpr int kQ = kTables + T::kWarps * T::kTableBytes;
+  // q twice: bf16 (the tail's MMA operand) and fp32 (what the folds multiply).
+  static constexpr int kQf = kQ + T::kMaxRatio * D * 2;
+  static constexpr int kBarriers = kQf + T::kMaxRatio * D * 4;
+  static constexpr int kEnd = kBarriers + T::kWarps * T::kStages * 8;
+  static constexpr int kCombine = T::kWarps * 8 * (D + 2) * 4;
+  static constexpr int kBytes = kEnd > kCombine ? kEnd : kCombine;
+  static_assert(kTables % 16 == 0 && kQ % 16 == 0 && kQf % 16 == 0 && kBarriers % 8 == 0, "aligned regions");
+  static_assert(kCombine <= kTables, "the combine must not overwrite q while warps still read it");
+};
+
+template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
 constexpr int decode_smem_bytes() {
-  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ, F16>;
-  const int staging = T::kWarps * T::kStages * T::kStageBytes;
-  const int combine = T::kWarps * 8 * (D + 2) * 4;
-  return staging > combine ? staging : combine;
+  return SmemLayout<BITS, D, G, KCH, VCH, DEQ>::kBytes;
 }
 
-template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ, bool F16>
-__global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
-  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ, F16>;
+template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+__global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarps * 32, 1)
+    foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
+  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
+  using S = SmemLayout<BITS, D, G, KCH, VCH, DEQ>;
   constexpr int P = T::kP, HALFW = T::kHalfW, WPT = T::kWordsPerTile, NT = T::kTiles;
   constexpr int NJ = T::kNJ, NMT = T::kNMT, GD = T::kGroupsD, NW = T::kWarps;
+  // Channel-wise K operands live per token group of a chunk; the others are fixed for the run.
+  constexpr int NQB = (KCH && !DEQ) ? T::kGroupsT : 1;
   constexpr bool HAS_TAIL = KCH || VCH;
-  using Op = Operand<F16>;
+  constexpr bool RAW = !DEQ;        // the folds accumulate biased MMA results in `raw` first
 
-  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* smem = dynamic_smem();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, t4 = lane & 3;
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int ratio = p.num_q_heads / p.num_kv_heads;
+  const float scale = p.sm_scale_log2;
 
   const int L = p.seq_lens[b];
   const int tail_len = HAS_TAIL ? L % G : 0;
@@ -95,35 +189,64 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
   // The last split takes whatever remains, so a plan made before the cache grew stays correct.
   const int u_end = split == p.num_splits - 1 ? units : min(u_begin + p.units_per_split, units);
 
-  // ---- query: B fragment of S^T = K Q^T, head r of this KV head, channels 2*t4 + 8j + {0,1}.
-  uint32_t qraw[NJ];
+  // ---- the query heads of this KV head in shared memory, bf16 and fp32 (rows >= ratio are zero).
+  __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(smem + S::kQ);
+  float2* sqf = reinterpret_cast<float2*>(smem + S::kQf);
   {
-    const bool live = r < ratio;
-    const __nv_bfloat16* qp = p.q + ((size_t)b * p.num_q_heads + h * ratio + (live ? r : 0)) * D;
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      qraw[j] = live ? *reinterpret_cast<const uint32_t*>(qp + 2 * t4 + 8 * j) : 0u;
+    const uint32_t* qsrc = reinterpret_cast<const uint32_t*>(p.q + ((size_t)b * p.num_q_heads + h * ratio) * D);
+    uint32_t* qdst = reinterpret_cast<uint32_t*>(sq);
+    for (int i = threadIdx.x; i < T::kMaxRatio * D / 2; i += NW * 32) {
+      const uint32_t x = i < ratio * D / 2 ? qsrc[i] : 0u;
+      qdst[i] = x;
+      sqf[i] = unpack_bf16x2(x);
     }
   }
+  // Lane (r, t4) holds head r's channels 2*t4 + 8j + {0, 1}: the B fragment of S^T = K Q^T.
+  auto q_pair = [&](int j) -> uint32_t { return *reinterpret_cast<const uint32_t*>(sq + r * D + 2 * t4 + 8 * j); };
+  auto q_pair_f32 = [&](int j) -> float2 { return sqf[(r * D + 2 * t4 + 8 * j) / 2]; };
   // Per-head sums that the folds need, for this lane's two accumulator heads 2*t4 + {0,1}.
   auto to_acc_heads = [&](float per_row_head, float& h0, float& h1) {
     h0 = __shfl_sync(0xffffffffu, per_row_head, (2 * t4) * 4);
     h1 = __shfl_sync(0xffffffffu, per_row_head, (2 * t4 + 1) * 4);
   };
 
-  // K operand. Token-wise K (and the ablation): b = q / f, exact in bf16, fixed for the run.
-  // Channel-wise K: b = q * s / f, rebuilt per token group; a chunk of 64 tokens spans NQB
-  // groups (2 when G = 32), each with its own operand and bias.
-  constexpr int NQB = (KCH && !DEQ && G < kChunk) ? kChunk / G : 1;
+  // Channel-wise K: the largest |q| of this KV head's query heads (for the fp16 prescale).
+  constexpr bool F16K = KCH && !DEQ;
+  float maxq = 0.f;
+  auto reduce_maxq = [&]() {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const float2 q2 = q_pair_f32(j);
+      maxq = fmaxf(maxq, fmaxf(fabsf(q2.x), fabsf(q2.y)));
+    }
+#pragma unroll
+    for (int m = 1; m < 32; m *= 2) maxq = fmaxf(maxq, __shfl_xor_sync(0xffffffffu, maxq, m));
+  };
+
+  // ---- per-warp staging ring and fold tables.
+  uint8_t* wsmem = smem + warp * T::kStages * T::kStageBytes;
+  float2* ktab = reinterpret_cast<float2*>(smem + S::kTables + warp * T::kTableBytes);
+  float2* vtab = ktab + T::kKTable;
+  uint64_t* wbar = reinterpret_cast<uint64_t*>(smem + S::kBarriers) + warp * T::kStages;
+  if constexpr (FOSCAR_BULK) {
+    if (lane < T::kStages) mbar_init(wbar + lane, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();  // q is in place; every warp's barriers are initialised
+  if constexpr (F16K) reduce_maxq();
+
+  // K operand. Token-wise K (and the ablation): q / f, exact in bf16, fixed for the run; the
+  // softmax scale goes into the epilogue constants. Channel-wise K: q * s * scale / f, rebuilt
+  // per token group from the fold table.
   uint32_t qb[NQB][NJ];
   float kbias[NQB][2];
-  float kq[GD][2], kb128[GD][2];
+  float kq[GD][2], kb128[GD][2];  // token-wise K: per group, scale * sum q and scale * 128 sum q / f
   if constexpr (!KCH || DEQ) {
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
-      const float2 q2 = unpack_bf16x2(qraw[j]);
-      const float inv_f = DEQ ? 1.0f : 1.0f / radix_factor<BITS, F16>(j % P);
-      qb[0][j] = Op::pack(q2.x * inv_f, q2.y * inv_f);
+      const float2 q2 = q_pair_f32(j);
+      const float inv_f = DEQ ? 1.0f : 1.0f / radix_factor<BITS>(j % P);
+      qb[0][j] = pack_bf16x2(q2.x * inv_f, q2.y * inv_f);
     }
     if constexpr (!KCH) {
 #pragma unroll
@@ -131,33 +254,68 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
         float qs = 0.f, bs = 0.f;
 #pragma unroll
         for (int j = g * G / 8; j < (g + 1) * G / 8; ++j) {
-          const float2 q2 = unpack_bf16x2(qraw[j]), b2 = Op::unpack(qb[0][j]);
+          const float2 q2 = q_pair_f32(j), b2 = unpack_bf16x2(qb[0][j]);
           qs += q2.x + q2.y;
           bs += b2.x + b2.y;
         }
-        to_acc_heads(warp_sum_quad(qs), kq[g][0], kq[g][1]);
-        to_acc_heads(warp_sum_quad(bs) * Op::kBias, kb128[g][0], kb128[g][1]);
+        to_acc_heads(warp_sum_quad(qs) * scale, kq[g][0], kq[g][1]);
+        to_acc_heads(warp_sum_quad(bs) * (kBias * scale), kb128[g][0], kb128[g][1]);
       }
     }
   }
-  // Channel-wise K, folded: q~ = q * s / f; bias = sum_d q~_d (f z / s - 128) (the offset
-  // rides on the same rounded q~ as the codes, so each channel carries one rounding and the
-  // score error stays centred; a channel with s = 0 holds only z and takes the exact q).
-  auto rebuild_k = [&](const __half2* gp, uint32_t (&qbg)[NJ], float (&bias)[2]) {
-    float part = 0.f;
+  // Channel-wise K, folded, in fp16. The warp's lanes turn the group rows' (s, z) into the
+  // table (s * scale * 2^e / f, f z / s - 1024), 2^e chosen per group so that max |q~| sits in
+  // [2^13, 2^14); then each lane builds its operand q~ = q * s * scale * 2^e / f and the bias
+  // sum_d q~_d (f z_d / s_d - 1024): the offset rides on the same rounded q~ as the codes, so
+  // each channel carries one rounding and the score error stays centred. Scores come out
+  // times 2^e; kq_inv[gq] = 2^-e undoes it inside the softmax.
+  float kq_inv[NQB];
+  auto rebuild_k = [&](const __half2* gp) {
+    constexpr int kPerLane = T::kKTable / 32, kPerGroup = D / 32;
+    float2 ent[kPerLane > 0 ? kPerLane : 1];
+    float smax[NQB];
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const int c = 2 * t4 + 8 * j;
-      const float2 sz0 = __half22float2(gp[c]), sz1 = __half22float2(gp[c + 1]);
-      const float2 q2 = unpack_bf16x2(qraw[j]);
-      const float f = radix_factor<BITS, F16>(j % P), inv_f = 1.0f / f;
-      qbg[j] = Op::pack(q2.x * sz0.x * inv_f, q2.y * sz1.x * inv_f);
-      const float2 b2 = Op::unpack(qbg[j]);
-      part += (sz0.x != 0.f ? b2.x * (f * __fdividef(sz0.y, sz0.x)) : q2.x * sz0.y) +
-              (sz1.x != 0.f ? b2.y * (f * __fdividef(sz1.y, sz1.x)) : q2.y * sz1.y) -
-              Op::kBias * (b2.x + b2.y);
+    for (int gq = 0; gq < NQB; ++gq) smax[gq] = 0.f;
+#pragma unroll
+    for (int n = 0; n < kPerLane; ++n) {
+      const int i = lane + 32 * n;
+      const float2 sz = __half22float2(gp[i]);
+      const float f = radix_factor_f16<BITS>(((i % D) / 8) % P);
+      const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
+      ent[n] = make_float2(sc * (scale / f), f * __fdividef(sz.y, sc) - kBiasF16);
+      smax[n / kPerGroup] = fmaxf(smax[n / kPerGroup], ent[n].x);
     }
-    to_acc_heads(warp_sum_quad(part), bias[0], bias[1]);
+    float factor[NQB];
+#pragma unroll
+    for (int gq = 0; gq < NQB; ++gq) {
+#pragma unroll
+      for (int m = 1; m < 32; m *= 2) smax[gq] = fmaxf(smax[gq], __shfl_xor_sync(0xffffffffu, smax[gq], m));
+      // 2^(13 - floor(log2(max |q| * max s'))), built from the exponent bits (exact).
+      const int ebits = (float_bits(maxq * smax[gq]) >> 23) & 0xff;
+      const int fbits = min(max(127 + kQTopExponent + 127 - ebits, 1), 254);
+      const bool live = maxq * smax[gq] > 0.f;
+      factor[gq] = live ? bits_float(fbits << 23) : 1.f;
+      kq_inv[gq] = live ? bits_float((254 - fbits) << 23) : 1.f;
+    }
+#pragma unroll
+    for (int n = 0; n < kPerLane; ++n) {
+      ent[n].x *= factor[n / kPerGroup];
+      ktab[lane + 32 * n] = ent[n];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int gq = 0; gq < NQB; ++gq) {
+      float part = 0.f;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const float4 e = *reinterpret_cast<const float4*>(ktab + gq * D + 2 * t4 + 8 * j);
+        const float2 q2 = q_pair_f32(j);
+        qb[gq][j] = pack_f16x2(q2.x * e.x, q2.y * e.z);
+        const float2 b2 = unpack_f16x2(qb[gq][j]);
+        part = fmaf(b2.x, e.y, fmaf(b2.y, e.w, part));
+      }
+      to_acc_heads(warp_sum_quad(part), kbias[gq][0], kbias[gq][1]);
+    }
   };
   // Ablation, channel-wise K: per channel pair, s / f and z - 128 s / f in fp32.
   constexpr int NKD = DEQ ? NJ : 1;
@@ -166,18 +324,26 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
 #pragma unroll
     for (int j = 0; j < NKD; ++j) {
       const int c = 2 * t4 + 8 * j;
-      const float inv_f = 1.0f / radix_factor<BITS, F16>(j % P);
+      const float inv_f = 1.0f / radix_factor<BITS>(j % P);
       const float2 sz0 = __half22float2(gp[c]), sz1 = __half22float2(gp[c + 1]);
       kds[j][0] = sz0.x * inv_f, kds[j][1] = sz1.x * inv_f;
-      kdz[j][0] = sz0.y - Op::kBias * kds[j][0], kdz[j][1] = sz1.y - Op::kBias * kds[j][1];
+      kdz[j][0] = sz0.y - kBias * kds[j][0], kdz[j][1] = sz1.y - kBias * kds[j][1];
+    }
+  };
+  // Token-wise V: the chunk's (s, z) become (s, z / s), one entry per token and group.
+  auto build_v_table = [&](const __half2* vp) {
+#pragma unroll
+    for (int i = lane; i < T::kVTable; i += 32) {
+      const float2 sz = __half22float2(vp[i]);
+      const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
+      vtab[i] = make_float2(sc, __fdividef(sz.y, sc));
     }
   };
 
   // ---- running state: O^T accumulators (channels 16mt + r (+8), heads 2*t4 + {0,1}), kept
   // as plain attention output. The biased, scale-free MMA results land in `raw` first and are
-  // folded into o once per chunk (token-wise V) or per token group (channel-wise V): a short
-  // span keeps the 128 bias from eating fp32 precision over long contexts.
-  constexpr bool RAW = !DEQ;
+  // folded into o every kFlushChunks chunks (token-wise V) or per token group (channel-wise
+  // V): a short span keeps the 128 bias from eating the accumulation's precision.
   float o[NMT][4];
   float raw[RAW ? NMT : 1][4];
 #pragma unroll
@@ -185,7 +351,9 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[mt][e] = 0.f, raw[RAW ? mt : 0][e] = 0.f;
   float m_run[2] = {kNegInf, kNegInf}, l_part[2] = {0.f, 0.f};
-  float vps[GD][2], vpz[GD][2];  // token-wise V: this chunk's sums of rounded p~ and of p^ z
+  float vps[GD][2], vpz[GD][2];  // token-wise V: sums of rounded p~ and of p~ z / s since the flush
+#pragma unroll
+  for (int g = 0; g < GD; ++g) vps[g][0] = vps[g][1] = vpz[g][0] = vpz[g][1] = 0.f;
   float gps[2] = {0.f, 0.f};     // channel-wise V: sum of rounded p in the open token group
 
   // Channel-wise V: the token group closes; fold its scale and offset into o.
@@ -197,31 +365,35 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
       for (int half = 0; half < 2; ++half) {
         const int c = 16 * mt + r + 8 * half;
         const float2 sz = __half22float2(gp[c]);
-        const float sf = sz.x / radix_factor<BITS, F16>((2 * mt + half) % P);
-        o[mt][2 * half] += sf * (raw[mt][2 * half] - Op::kBias * ps0) + sz.y * ps0;
-        o[mt][2 * half + 1] += sf * (raw[mt][2 * half + 1] - Op::kBias * ps1) + sz.y * ps1;
+        const float sf = sz.x / radix_factor<BITS>((2 * mt + half) % P);
+        o[mt][2 * half] += sf * (raw[mt][2 * half] - kBias * ps0) + sz.y * ps0;
+        o[mt][2 * half + 1] += sf * (raw[mt][2 * half + 1] - kBias * ps1) + sz.y * ps1;
         raw[mt][2 * half] = raw[mt][2 * half + 1] = 0.f;
       }
     gps[0] = gps[1] = 0.f;
   };
-  // Token-wise V: the chunk ends; cancel the bias, divide out radix factors, add offsets.
+  // Token-wise V, every kFlushChunks chunks: cancel the bias, divide out radix factors, add offsets.
   auto flush_v_token = [&]() {
+    float add[GD][2];
 #pragma unroll
     for (int g = 0; g < GD; ++g)
 #pragma unroll
       for (int hd = 0; hd < 2; ++hd) {
         vps[g][hd] = warp_sum_rows(vps[g][hd]);
-        vpz[g][hd] = warp_sum_rows(vpz[g][hd]);
+        add[g][hd] = warp_sum_rows(vpz[g][hd]);
+        vpz[g][hd] = 0.f;
       }
 #pragma unroll
     for (int mt = 0; mt < NMT; ++mt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int g = (16 * mt) / G;
-        const float inv_f = 1.0f / radix_factor<BITS, F16>((2 * mt + (e >> 1)) % P);
-        o[mt][e] += (raw[mt][e] - Op::kBias * vps[g][e & 1]) * inv_f + vpz[g][e & 1];
+        const float inv_f = 1.0f / radix_factor<BITS>((2 * mt + (e >> 1)) % P);
+        o[mt][e] += fmaf(raw[mt][e], inv_f, fmaf(-kBias * inv_f, vps[g][e & 1], add[g][e & 1]));
         raw[mt][e] = 0.f;
       }
+#pragma unroll
+    for (int g = 0; g < GD; ++g) vps[g][0] = vps[g][1] = 0.f;
   };
 
   // ---- chunk schedule: warp w takes units u_begin + w, + NW, ...; each unit is whole groups.
@@ -229,85 +401,99 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
     const int u = u_begin + warp + (n / T::kChunksPerUnit) * NW;
     return u < u_end ? u * T::kUnit + (n % T::kChunksPerUnit) * kChunk : Lp;
   };
-  uint8_t* wsmem = smem + warp * T::kStages * T::kStageBytes;
   auto issue = [&](int n, int stage) {
     const int tok0 = chunk_token(n);
     if (tok0 >= Lp) return;
-    const int page = p.page_table[(size_t)b * p.max_pages + tok0 / p.page_size];
-    const int tip = tok0 % p.page_size;
+    // Power-of-two pages (the usual case) skip the integer division.
+    const int lpage = p.page_shift >= 0 ? tok0 >> p.page_shift : tok0 / p.page_size;
+    const int page = p.page_table[(size_t)b * p.max_pages + lpage];
+    const int tip = tok0 - lpage * p.page_size;
     const size_t ph = (size_t)page * p.num_kv_heads + h;
     const size_t code_off = (ph * (p.page_size / 16) + tip / 16) * WPT;
     uint8_t* st = wsmem + stage * T::kStageBytes;
-#pragma unroll
-    for (int i = lane; i < T::kCodeBytes / 16; i += 32) {
-      cp_async_16(st + 16 * i, reinterpret_cast<const uint8_t*>(p.k_codes + code_off) + 16 * i);
-      cp_async_16(st + T::kCodeBytes + 16 * i, reinterpret_cast<const uint8_t*>(p.v_codes + code_off) + 16 * i);
-    }
     // Parameters: token-wise runs start at the chunk's first token; channel-wise at its group.
     const size_t kpo = ph * (p.page_size * D / G) + (KCH ? (size_t)(tip / G) * D : (size_t)tip * GD);
     const size_t vpo = ph * (p.page_size * D / G) + (VCH ? (size_t)(tip / G) * D : (size_t)tip * GD);
-    constexpr int kKParamVec = (KCH ? T::kParamsPerChunk : kChunk * GD) / 4;
-    constexpr int kVParamVec = (VCH ? T::kParamsPerChunk : kChunk * GD) / 4;
-    uint8_t* kp_dst = st + 2 * T::kCodeBytes;
-    uint8_t* vp_dst = kp_dst + T::kParamsPerChunk * 4;
-    for (int i = lane; i < kKParamVec; i += 32)
-      cp_async_16(kp_dst + 16 * i, reinterpret_cast<const uint8_t*>(p.k_params + kpo) + 16 * i);
-    for (int i = lane; i < kVParamVec; i += 32)
-      cp_async_16(vp_dst + 16 * i, reinterpret_cast<const uint8_t*>(p.v_params + vpo) + 16 * i);
+    constexpr int kKParamBytes = (KCH ? T::kParamsPerChunk : kChunk * GD) * 4;
+    constexpr int kVParamBytes = (VCH ? T::kParamsPerChunk : kChunk * GD) * 4;
+    if constexpr (FOSCAR_BULK) {
+      if (lane == 0) {
+        uint64_t* bar = wbar + stage;
+        mbar_arrive_expect_tx(bar, 2 * T::kCodeBytes + kKParamBytes + kVParamBytes);
+        bulk_copy_g2s(st, p.k_codes + code_off, T::kCodeBytes, bar);
+        bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + code_off, T::kCodeBytes, bar);
+        bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + kpo, kKParamBytes, bar);
+        bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kParamsPerChunk * 4, p.v_params + vpo, kVParamBytes, bar);
+      }
+    } else {
+#pragma unroll
+      for (int i = lane; i < T::kCodeBytes / 16; i += 32) {
+        cp_async_16(st + 16 * i, reinterpret_cast<const uint8_t*>(p.k_codes + code_off) + 16 * i);
+        cp_async_16(st + T::kCodeBytes + 16 * i, reinterpret_cast<const uint8_t*>(p.v_codes + code_off) + 16 * i);
+      }
+      uint8_t* kp_dst = st + 2 * T::kCodeBytes;
+      uint8_t* vp_dst = kp_dst + T::kParamsPerChunk * 4;
+      for (int i = lane; i < kKParamBytes / 16; i += 32)
+        cp_async_16(kp_dst + 16 * i, reinterpret_cast<const uint8_t*>(p.k_params + kpo) + 16 * i);
+      for (int i = lane; i < kVParamBytes / 16; i += 32)
+        cp_async_16(vp_dst + 16 * i, reinterpret_cast<const uint8_t*>(p.v_params + vpo) + 16 * i);
+    }
   };
 
-  // ---- online softmax over one chunk of scores (log2 domain). Rescaling the running state
-  // is skipped, warp-uniformly, when no head's maximum grew: after the first chunks of a
-  // sequence that is the common case.
-  float s[NT][4];
-  auto softmax_update = [&](float (&m_new)[2]) {
-    bool grew = false;
+  // ---- online softmax over one chunk of scores (log2 domain). The maximum is reduced across
+  // lanes, and the running state rescaled, only when some lane saw a score above the running
+  // maximum: after the first chunks of a sequence that is rare.
+  // s[t] holds tile t's scores up to the positive factor ts[t] (log2 domain after it).
+  float s[NT][4], ts[NT];
+  auto softmax_update = [&]() {
+    float mx[2];
 #pragma unroll
     for (int hd = 0; hd < 2; ++hd) {
-      float mx = kNegInf;
+      mx[hd] = fmaxf(s[0][hd], s[0][hd + 2]) * ts[0];
 #pragma unroll
-      for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s[t][hd], s[t][hd + 2]));
-      m_new[hd] = fmaxf(m_run[hd], warp_max_rows(mx));
-      grew |= m_new[hd] > m_run[hd];
+      for (int t = 1; t < NT; ++t) mx[hd] = fmaxf(mx[hd], fmaxf(s[t][hd], s[t][hd + 2]) * ts[t]);
     }
-    if (__any_sync(0xffffffffu, grew)) {
+    if (__any_sync(0xffffffffu, mx[0] > m_run[0] || mx[1] > m_run[1])) {
 #pragma unroll
       for (int hd = 0; hd < 2; ++hd) {
-        const float alpha = exp2f(m_run[hd] - m_new[hd]);  // 0 on the first chunk
+        const float m_new = fmaxf(m_run[hd], warp_max_rows(mx[hd]));
+        const float alpha = exp2f(m_run[hd] - m_new);  // 0 on the first chunk
+        m_run[hd] = m_new;
         l_part[hd] *= alpha;
 #pragma unroll
         for (int mt = 0; mt < NMT; ++mt) {
           o[mt][hd] *= alpha;
           o[mt][hd + 2] *= alpha;
-          if constexpr (VCH && RAW) {
+          if constexpr (RAW) {
             raw[mt][hd] *= alpha;
             raw[mt][hd + 2] *= alpha;
           }
         }
         if constexpr (VCH && RAW) gps[hd] *= alpha;
+        if constexpr (!VCH && RAW) {
+#pragma unroll
+          for (int g = 0; g < GD; ++g) vps[g][hd] *= alpha, vpz[g][hd] *= alpha;
+        }
       }
     }
-    m_run[0] = m_new[0], m_run[1] = m_new[1];
   };
-
   // p = 2^(s - m) for tile t, in the accumulator layout; the softmax denominator takes the
   // unrounded p.
-  auto probabilities = [&](int t, const float (&m_new)[2], float (&pr)[4]) {
+  auto probabilities = [&](int t, float (&pr)[4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      pr[e] = exp2f(s[t][e] - m_new[e & 1]);
+      pr[e] = exp2f(fmaf(s[t][e], ts[t], -m_run[e & 1]));
       l_part[e & 1] += pr[e];
     }
   };
 
-  // S^T tile = K tile x operand, with the chain of k-steps split in two for latency.
   auto k_operands = [&](const uint32_t (&kw)[T::kWordsPerLane], int kt, uint32_t (&a)[4]) {
     const int jq = (2 * kt) / P;
     switch ((2 * kt) % P) {
-#define FOSCAR_K_CASE(K0)                                                     \
-  case K0:                                                                      \
-    a[0] = inject<BITS, K0, F16>(kw[jq]), a[1] = inject<BITS, K0, F16>(kw[HALFW + jq]);   \
-    a[2] = inject<BITS, K0 + 1, F16>(kw[jq]), a[3] = inject<BITS, K0 + 1, F16>(kw[HALFW + jq]); \
+#define FOSCAR_K_CASE(K0)                                                            \
+  case K0:                                                                           \
+    a[0] = inject_as<BITS, F16K, K0>(kw[jq]), a[1] = inject_as<BITS, F16K, K0>(kw[HALFW + jq]);                 \
+    a[2] = inject_as<BITS, F16K, K0 + 1>(kw[jq]), a[3] = inject_as<BITS, F16K, K0 + 1>(kw[HALFW + jq]);         \
     break;
       FOSCAR_K_CASE(0)
       FOSCAR_K_CASE(2)
@@ -316,19 +502,19 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
 #undef FOSCAR_K_CASE
     }
     if constexpr (DEQ) {
-      a[0] = Op::dequant(a[0], kds[2 * kt], kdz[2 * kt]);
-      a[1] = Op::dequant(a[1], kds[2 * kt], kdz[2 * kt]);
-      a[2] = Op::dequant(a[2], kds[2 * kt + 1], kdz[2 * kt + 1]);
-      a[3] = Op::dequant(a[3], kds[2 * kt + 1], kdz[2 * kt + 1]);
+      a[0] = dequant_bf16x2(a[0], kds[2 * kt], kdz[2 * kt]);
+      a[1] = dequant_bf16x2(a[1], kds[2 * kt], kdz[2 * kt]);
+      a[2] = dequant_bf16x2(a[2], kds[2 * kt + 1], kdz[2 * kt + 1]);
+      a[3] = dequant_bf16x2(a[3], kds[2 * kt + 1], kdz[2 * kt + 1]);
     }
   };
   auto v_operands = [&](const uint32_t (&vw)[T::kWordsPerLane], int mt, uint32_t (&a)[4]) {
     const int iq = (2 * mt) / P;
     switch ((2 * mt) % P) {
-#define FOSCAR_V_CASE(K0)                                                     \
-  case K0:                                                                      \
-    a[0] = inject<BITS, K0, F16>(vw[iq]), a[1] = inject<BITS, K0 + 1, F16>(vw[iq]);       \
-    a[2] = inject<BITS, K0, F16>(vw[HALFW + iq]), a[3] = inject<BITS, K0 + 1, F16>(vw[HALFW + iq]); \
+#define FOSCAR_V_CASE(K0)                                                            \
+  case K0:                                                                           \
+    a[0] = inject<BITS, K0>(vw[iq]), a[1] = inject<BITS, K0 + 1>(vw[iq]);             \
+    a[2] = inject<BITS, K0>(vw[HALFW + iq]), a[3] = inject<BITS, K0 + 1>(vw[HALFW + iq]); \
     break;
       FOSCAR_V_CASE(0)
       FOSCAR_V_CASE(2)
@@ -337,20 +523,36 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
 #undef FOSCAR_V_CASE
     }
   };
+  auto load_tile = [&](const uint32_t* src, uint32_t (&w)[T::kWordsPerLane]) {
+#pragma unroll
+    for (int v = 0; v < T::kWordsPerLane / 4; ++v) {
+      const uint4 x = lds128(src + v * 128 + lane * 4);
+      w[4 * v] = x.x, w[4 * v + 1] = x.y, w[4 * v + 2] = x.z, w[4 * v + 3] = x.w;
+    }
+  };
 
   // ---- main loop over this warp's packed chunks.
 #pragma unroll
   for (int st = 0; st < T::kStages - 1; ++st) {
     issue(st, st);
-    cp_async_commit();
+    if constexpr (!FOSCAR_BULK) cp_async_commit();
   }
   for (int n = 0;; ++n) {
     const int tok_chunk = chunk_token(n);
     if (tok_chunk >= Lp) break;
-    issue(n + T::kStages - 1, (n + T::kStages - 1) % T::kStages);
-    cp_async_commit();
-    cp_async_wait<T::kStages - 1>();
-    __syncwarp();
+    if constexpr (FOSCAR_BULK) {
+      // The stage refilled now was read in the previous trip: each lane orders its reads
+      // before the copy engine's writes, and the warp meets before lane 0 issues.
+      fence_proxy_async_smem();
+      __syncwarp();
+      issue(n + T::kStages - 1, (n + T::kStages - 1) % T::kStages);
+      mbar_wait(wbar + n % T::kStages, (n / T::kStages) & 1);
+    } else {
+      issue(n + T::kStages - 1, (n + T::kStages - 1) % T::kStages);
+      cp_async_commit();
+      cp_async_wait<T::kStages - 1>();
+      __syncwarp();
+    }
 
     const uint8_t* st = wsmem + (n % T::kStages) * T::kStageBytes;
     const uint32_t* sk = reinterpret_cast<const uint32_t*>(st);
@@ -360,125 +562,115 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
     // Channel-wise runs start at the group holding the chunk's first token; with G >= 64 a
     // chunk never crosses a group, with G = 32 it holds two whole groups.
     const bool group_start = tok_chunk % G == 0;
+    // Only a chunk that crosses the end of the packed tokens needs masks (warp-uniform).
+    const bool partial = tok_chunk + kChunk > Lp;
+    // Token-wise V flushes after every kFlushChunks chunks and after the warp's last one.
+    const bool flush_now = (n + 1) % T::kFlushChunks == 0 || chunk_token(n + 1) >= Lp;
 
     if constexpr (KCH && !DEQ) {
-      if (group_start) {
-#pragma unroll
-        for (int gq = 0; gq < NQB; ++gq) rebuild_k(skp + gq * D, qb[gq], kbias[gq]);
-      }
+      if (group_start) rebuild_k(skp);
     }
-    if constexpr (!VCH && !DEQ) {
-#pragma unroll
-      for (int g = 0; g < GD; ++g) vps[g][0] = vps[g][1] = vpz[g][0] = vpz[g][1] = 0.f;
-    }
+    if constexpr (!VCH && !DEQ) build_v_table(svp);
 
-    // -------- scores S^T = K Q^T for the chunk's tiles
+    // -------- scores S^T = K Q^T for the chunk's tiles, in the log2 domain
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      const int tok0 = tok_chunk + 16 * t;
       uint32_t kw[T::kWordsPerLane];
-#pragma unroll
-      for (int v = 0; v < T::kWordsPerLane / 4; ++v) {
-        uint4 x = lds128(sk + t * WPT + v * 128 + lane * 4);
-        kw[4 * v] = x.x, kw[4 * v + 1] = x.y, kw[4 * v + 2] = x.z, kw[4 * v + 3] = x.w;
-      }
+      load_tile(sk + t * WPT, kw);
       if constexpr (DEQ) {
-        if ((16 * t) % G == 0 && (tok0 % G == 0)) rebuild_k_dequant(skp + ((16 * t) / G) * D);
+        if ((16 * t) % G == 0 && ((tok_chunk + 16 * t) % G == 0)) rebuild_k_dequant(skp + ((16 * t) / G) * D);
       }
       if constexpr (KCH) {
         const int gq = NQB == 1 ? 0 : (16 * t) / G;
-        float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
+        float acc[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] = DEQ ? 0.f : kbias[gq][e & 1];  // the bias seeds the chain
 #pragma unroll
         for (int kt = 0; kt < T::kNKT; ++kt) {
           uint32_t a[4];
           k_operands(kw, kt, a);
-          Op::mma(kt % 2 ? acc1 : acc0, a[0], a[1], a[2], a[3], qb[gq][2 * kt], qb[gq][2 * kt + 1]);
+          if constexpr (F16K) mma_f16_16816(acc, a[0], a[1], a[2], a[3], qb[gq][2 * kt], qb[gq][2 * kt + 1]);
+          else mma_bf16_16816(acc, a[0], a[1], a[2], a[3], qb[gq][2 * kt], qb[gq][2 * kt + 1]);
         }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[t][e] = acc0[e] + acc1[e] + (DEQ ? 0.f : kbias[gq][e & 1]);
+        for (int e = 0; e < 4; ++e) s[t][e] = acc[e];
+        ts[t] = DEQ ? scale : kq_inv[gq];
       } else {
         // K token-wise: one accumulator per channel group, scaled per token before adding.
+        ts[t] = 1.f;
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
 #pragma unroll
         for (int g = 0; g < GD; ++g) {
-          float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
           for (int kt = g * G / 16; kt < (g + 1) * G / 16; ++kt) {
             uint32_t a[4];
             k_operands(kw, kt, a);
-            Op::mma(kt % 2 ? acc1 : acc0, a[0], a[1], a[2], a[3], qb[0][2 * kt], qb[0][2 * kt + 1]);
+            mma_bf16_16816(acc, a[0], a[1], a[2], a[3], qb[0][2 * kt], qb[0][2 * kt + 1]);
           }
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 sz = __half22float2(skp[(16 * t + r + 8 * (e >> 1)) * GD + g]);
-            s[t][e] += sz.x * (acc0[e] + acc1[e]) + (sz.y * kq[g][e & 1] - sz.x * kb128[g][e & 1]);
+          for (int hr = 0; hr < 2; ++hr) {
+            const float2 sz = __half22float2(skp[(16 * t + r + 8 * hr) * GD + g]);
+            const float sx = sz.x * scale;
+#pragma unroll
+            for (int hd = 0; hd < 2; ++hd) {
+              const int e = 2 * hr + hd;
+              s[t][e] += fmaf(sx, acc[e], fmaf(sz.y, kq[g][hd], -sz.x * kb128[g][hd]));
+            }
           }
         }
       }
+    }
+    if (partial) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tok = tok0 + r + 8 * (e >> 1);
-        s[t][e] = tok < Lp ? s[t][e] * p.sm_scale_log2 : kNegInf;
-      }
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (tok_chunk + 16 * t + r + 8 * (e >> 1) >= Lp) s[t][e] = kNegInf;
     }
 
-    float m_new[2];
-    softmax_update(m_new);
+    softmax_update();
+    if constexpr (!VCH && !DEQ) __syncwarp();  // the V table is complete
 
     // -------- O^T += V^T P^T, tile by tile
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       float pr[4];
-      probabilities(t, m_new, pr);
+      probabilities(t, pr);
       uint32_t vw[T::kWordsPerLane];
-#pragma unroll
-      for (int v = 0; v < T::kWordsPerLane / 4; ++v) {
-        uint4 x = lds128(sv + t * WPT + v * 128 + lane * 4);
-        vw[4 * v] = x.x, vw[4 * v + 1] = x.y, vw[4 * v + 2] = x.z, vw[4 * v + 3] = x.w;
-      }
+      load_tile(sv + t * WPT, vw);
       // B operands, one per channel group for token-wise V (p~ = p * s per group).
       constexpr int NB = (!VCH && !DEQ) ? GD : 1;
       uint32_t b0[NB], b1[NB];
 #pragma unroll
       for (int g = 0; g < NB; ++g) {
-        float pv[4], zs[2] = {0.f, 0.f};
-        bool zero_scale[2] = {false, false};
+        uint32_t lo, hi;
         if constexpr (!VCH && !DEQ) {
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const float2 sz = __half22float2(svp[(16 * t + r + 8 * hr) * GD + g]);
-            pv[2 * hr] = pr[2 * hr] * sz.x, pv[2 * hr + 1] = pr[2 * hr + 1] * sz.x;
-            zero_scale[hr] = sz.x == 0.f;
-            zs[hr] = zero_scale[hr] ? sz.y : __fdividef(sz.y, sz.x);
-          }
+          const float2 e0 = vtab[(16 * t + r) * GD + g], e1 = vtab[(16 * t + r + 8) * GD + g];
+          lo = pack_bf16x2(pr[0] * e0.x, pr[1] * e0.x);
+          hi = pack_bf16x2(pr[2] * e1.x, pr[3] * e1.x);
+          // Offsets ride on the same rounded p~ as the codes (p~ z / s), so each token's value
+          // is weighted by one rounded p~: a centred error.
+          const float2 fl = unpack_bf16x2(lo), fh = unpack_bf16x2(hi);
+          vps[g][0] += fl.x + fh.x;
+          vps[g][1] += fl.y + fh.y;
+          vpz[g][0] = fmaf(fl.x, e0.y, fmaf(fh.x, e1.y, vpz[g][0]));
+          vpz[g][1] = fmaf(fl.y, e0.y, fmaf(fh.y, e1.y, vpz[g][1]));
         } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) pv[e] = pr[e];
-        }
-        const uint32_t lo = Op::pack(pv[0], pv[1]), hi = Op::pack(pv[2], pv[3]);
-        if constexpr (!DEQ) {
-          const float2 fl = Op::unpack(lo), fh = Op::unpack(hi);
-          if constexpr (VCH) {
+          lo = pack_bf16x2(pr[0], pr[1]);
+          hi = pack_bf16x2(pr[2], pr[3]);
+          if constexpr (VCH && !DEQ) {
+            const float2 fl = unpack_bf16x2(lo), fh = unpack_bf16x2(hi);
             gps[0] += fl.x + fh.x;
             gps[1] += fl.y + fh.y;
-          } else {
-            vps[g][0] += fl.x + fh.x;
-            vps[g][1] += fl.y + fh.y;
-            // Offsets ride on the same rounded p~ as the codes (p~ z / s = p^ z), so each
-            // token's value is weighted by one rounded p^: a centred error. A token with
-            // scale 0 holds only z and takes the exact p.
-            vpz[g][0] += zero_scale[0] ? pr[0] * zs[0] : fl.x * zs[0];
-            vpz[g][1] += zero_scale[0] ? pr[1] * zs[0] : fl.y * zs[0];
-            vpz[g][0] += zero_scale[1] ? pr[2] * zs[1] : fh.x * zs[1];
-            vpz[g][1] += zero_scale[1] ? pr[3] * zs[1] : fh.y * zs[1];
           }
         }
         b0[g] = movmatrix_trans(lo);
         b1[g] = movmatrix_trans(hi);
       }
       // Ablation, token-wise V: s / f and z - 128 s / f of this lane's A columns (token pairs).
-      constexpr int NF = radix_classes<BITS, F16>();  // distinct radix factors
+      constexpr int NF = radix_classes<BITS>();  // distinct radix factors
       float vds[DEQ ? 2 * GD * NF : 1][2], vdz[DEQ ? 2 * GD * NF : 1][2];
       if constexpr (DEQ) {
 #pragma unroll
@@ -489,10 +681,10 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
             const float2 s0 = __half22float2(svp[tt * GD + g]), s1 = __half22float2(svp[(tt + 1) * GD + g]);
 #pragma unroll
             for (int fc = 0; fc < NF; ++fc) {
-              const float inv_f = 1.0f / class_factor<BITS, F16>(fc);
+              const float inv_f = 1.0f / class_factor<BITS>(fc);
               const int i = (tau * GD + g) * NF + fc;
               vds[i][0] = s0.x * inv_f, vds[i][1] = s1.x * inv_f;
-              vdz[i][0] = s0.y - Op::kBias * vds[i][0], vdz[i][1] = s1.y - Op::kBias * vds[i][1];
+              vdz[i][0] = s0.y - kBias * vds[i][0], vdz[i][1] = s1.y - kBias * vds[i][1];
             }
           }
       }
@@ -502,14 +694,14 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
         v_operands(vw, mt, a);
         const int g = (16 * mt) / G;
         if constexpr (DEQ) {
-          const int fc0 = radix_class<BITS, F16>((2 * mt) % P), fc1 = radix_class<BITS, F16>((2 * mt + 1) % P);
-          a[0] = Op::dequant(a[0], vds[g * NF + fc0], vdz[g * NF + fc0]);
-          a[1] = Op::dequant(a[1], vds[g * NF + fc1], vdz[g * NF + fc1]);
-          a[2] = Op::dequant(a[2], vds[(GD + g) * NF + fc0], vdz[(GD + g) * NF + fc0]);
-          a[3] = Op::dequant(a[3], vds[(GD + g) * NF + fc1], vdz[(GD + g) * NF + fc1]);
-          Op::mma(o[mt], a[0], a[1], a[2], a[3], b0[0], b1[0]);
+          const int fc0 = radix_class<BITS>((2 * mt) % P), fc1 = radix_class<BITS>((2 * mt + 1) % P);
+          a[0] = dequant_bf16x2(a[0], vds[g * NF + fc0], vdz[g * NF + fc0]);
+          a[1] = dequant_bf16x2(a[1], vds[g * NF + fc1], vdz[g * NF + fc1]);
+          a[2] = dequant_bf16x2(a[2], vds[(GD + g) * NF + fc0], vdz[(GD + g) * NF + fc0]);
+          a[3] = dequant_bf16x2(a[3], vds[(GD + g) * NF + fc1], vdz[(GD + g) * NF + fc1]);
+          mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], b0[0], b1[0]);
         } else {
-          Op::mma(raw[mt], a[0], a[1], a[2], a[3], b0[NB == 1 ? 0 : g], b1[NB == 1 ? 0 : g]);
+          mma_bf16_16816(raw[mt], a[0], a[1], a[2], a[3], b0[NB == 1 ? 0 : g], b1[NB == 1 ? 0 : g]);
         }
       }
       if constexpr (VCH && RAW && G == 32) {
@@ -519,10 +711,12 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
     if constexpr (VCH && RAW && G >= kChunk) {
       if ((tok_chunk + kChunk) % G == 0) flush_v_channel(svp);
     }
-    if constexpr (!VCH && RAW) flush_v_token();
+    if constexpr (!VCH && RAW) {
+      if (flush_now) flush_v_token();
+    }
     __syncwarp();
   }
-  cp_async_wait<0>();
+  if constexpr (!FOSCAR_BULK) cp_async_wait<0>();
 
   // ---- the BF16 tail of incomplete channel-wise groups: split 0, last warp.
   if constexpr (HAS_TAIL) {
@@ -537,27 +731,27 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
           for (int kt = 0; kt < T::kNKT; ++kt) {
             const int ch = 16 * kt + 2 * t4;
             auto ld = [&](int row, int c) -> uint32_t {
-              return row < tail_len ? Op::from_bf16(*reinterpret_cast<const uint32_t*>(p.k_tail + tbase + (size_t)row * D + c)) : 0u;
+              return row < tail_len ? *reinterpret_cast<const uint32_t*>(p.k_tail + tbase + (size_t)row * D + c) : 0u;
             };
-            Op::mma(acc, ld(row0, ch), ld(row1, ch), ld(row0, ch + 8), ld(row1, ch + 8), Op::from_bf16(qraw[2 * kt]),
-                    Op::from_bf16(qraw[2 * kt + 1]));
+            mma_bf16_16816(acc, ld(row0, ch), ld(row1, ch), ld(row0, ch + 8), ld(row1, ch + 8), q_pair(2 * kt),
+                           q_pair(2 * kt + 1));
           }
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int row = c0 + 16 * t + r + 8 * (e >> 1);
-            s[t][e] = row < tail_len ? acc[e] * p.sm_scale_log2 : kNegInf;
+            s[t][e] = row < tail_len ? acc[e] : kNegInf;
           }
+          ts[t] = scale;
         }
-        float m_new[2];
-        softmax_update(m_new);
+        softmax_update();
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           float pr[4];
-          probabilities(t, m_new, pr);
-          const uint32_t b0 = movmatrix_trans(Op::pack(pr[0], pr[1]));
-          const uint32_t b1 = movmatrix_trans(Op::pack(pr[2], pr[3]));
+          probabilities(t, pr);
+          const uint32_t b0 = movmatrix_trans(pack_bf16x2(pr[0], pr[1]));
+          const uint32_t b1 = movmatrix_trans(pack_bf16x2(pr[2], pr[3]));
           const int tk = c0 + 16 * t + 2 * t4;
-#pragma unroll 2
+#pragma unroll 2  // a cold path (one warp, < G tokens): o may live in local memory here
           for (int mt = 0; mt < NMT; ++mt) {
             // The folds' epilogues have run, so o is plain attention output here.
             auto ld = [&](int tok, int c) -> uint32_t {
@@ -565,10 +759,10 @@ __global__ void __launch_bounds__(256, 1) foscar_decode_kernel(const __grid_cons
               __nv_bfloat162 v2;
               v2.x = tok < tail_len ? p.v_tail[tbase + (size_t)tok * D + c] : zero;
               v2.y = tok + 1 < tail_len ? p.v_tail[tbase + (size_t)(tok + 1) * D + c] : zero;
-              return Op::from_bf16(*reinterpret_cast<uint32_t*>(&v2));
+              return *reinterpret_cast<uint32_t*>(&v2);
             };
             const int ch = 16 * mt + r;
-            Op::mma(o[mt], ld(tk, ch), ld(tk, ch + 8), ld(tk + 8, ch), ld(tk + 8, ch + 8), b0, b1);
+            mma_bf16_16816(o[mt], ld(tk, ch), ld(tk, ch + 8), ld(tk + 8, ch), ld(tk + 8, ch + 8), b0, b1);
           }
         }
       }

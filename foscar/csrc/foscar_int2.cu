@@ -2,5 +2,5 @@
 #include "foscar_launch.cuh"
 
 namespace foscar {
-template int launch_bits<2>(const FoscarDecodeArgs&, cudaStream_t);
+template int dispatch_bits<CudaLaunch, 2>(const FoscarDecodeArgs&, void*);
 }

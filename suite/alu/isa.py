@@ -55,6 +55,9 @@ OPCODES: dict[str, OpInfo] = {
             "FSEL FSETP FMNMX F2FP MOV CS2R VOTE I2I I2IP I2FP"),  # seen
     **_rows("alu", "alu", "LOP SHL SHR IADD IMNMX PLOP3 P2R R2P CSET CSETP FCHK ISCADD BFE "
             "BFI FSET ISET HSETP2 HSET2 HMNMX2 VABSDIFF VABSDIFF4 PSETP VOTEU"),
+    # not seen on the pipe counters yet: an integer add fused with a min/max, assumed to
+    # issue where VIMNMX does (it appears once per token group in the v4 kernels)
+    **_rows("alu", "alu", "VIADDMNMX"),
     # FP32 arithmetic and integer multiply: the FMA pipes
     # FP32 work issues to either half (fmalite or fmaheavy, seen); fp16x2 work counts in
     # both halves and once in `fma` (seen); integer multiply-add only in fmaheavy (seen).

@@ -8,7 +8,6 @@ EXPECTED = {
     "torch-ref", "flashinfer-bf16", "flashinfer-bf16-tc", "flashinfer-bf16-fa3", "flashinfer-fp8",
     "flashinfer-fp8-tc", "flashinfer-nvfp4-tc", "trtllm-xqa-fp8", "trtllm-nvfp4", "bitdecoding-int4",
     "bitdecoding-int2", "foscar-int4", "foscar-int2", "foscar-dequant-int4", "foscar-dequant-int2",
-    "foscar-int4-fp16", "foscar-int2-fp16", "foscar-dequant-int4-fp16", "foscar-dequant-int2-fp16",
 }
 H200 = GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132, l2_bytes=60 << 20)
 B200 = GpuInfo(index=0, name="NVIDIA B200", capability=(10, 0))

@@ -1,5 +1,5 @@
 """The kernels' mantissa injection, compiled from the CUDA header for the host with nvcc: every
-position of both halves must read as bias + f * code for the bf16 and fp16 schedules."""
+position of both halves must read as 128 + f * code (the bf16 schedule of docs/FORMAT.md)."""
 from __future__ import annotations
 
 import subprocess

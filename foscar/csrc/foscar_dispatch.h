@@ -1,0 +1,77 @@
+// From the C ABI's runtime configuration to a kernel template instance, for any launcher:
+// the CUDA one (foscar_launch.cuh) and the host emulation (foscar_emu.cpp) share it, so the
+// emulator runs exactly the instances the GPU library builds.
+//
+// A launcher is a type with
+//   template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+//   static int run(const FoscarDecodeArgs&, void* stream);
+#pragma once
+
+#include <string>
+
+#include "foscar_api.h"
+
+namespace foscar {
+
+std::string& last_error();
+
+// What only the C side can check before dispatch; 0, or 2 with last_error() set.
+inline int check_args(const FoscarDecodeArgs& a) {
+  if (a.head_dim != 128) {
+    last_error() = "head_dim " + std::to_string(a.head_dim) + " is not built; expected 128";
+    return 2;
+  }
+  if (a.batch < 1 || a.num_kv_heads < 1 || a.num_splits < 1 || a.units_per_split < 1) {
+    last_error() = "batch, num_kv_heads, num_splits and units_per_split must be >= 1";
+    return 2;
+  }
+  if (a.num_q_heads % a.num_kv_heads || a.num_q_heads / a.num_kv_heads > 8) {
+    last_error() = "query heads per KV head must be 1..8, got " + std::to_string(a.num_q_heads) + "/" +
+                   std::to_string(a.num_kv_heads);
+    return 2;
+  }
+  if (a.page_size % 64) {
+    last_error() = "page_size " + std::to_string(a.page_size) + " is not a multiple of 64";
+    return 2;
+  }
+  if (a.bits != 2 && a.bits != 4) {
+    last_error() = "bits " + std::to_string(a.bits) + " is not built; expected 2 or 4";
+    return 2;
+  }
+  return 0;
+}
+
+template <class Launch, int BITS, int G, bool KCH, bool VCH>
+int dispatch_modes(const FoscarDecodeArgs& a, void* s) {
+  if (a.dequant) {
+    if constexpr (KCH && !VCH) return Launch::template run<BITS, 128, G, KCH, VCH, true>(a, s);
+    last_error() = "the dequantize-first ablation is built for K channel-wise, V token-wise only";
+    return 2;
+  }
+  return Launch::template run<BITS, 128, G, KCH, VCH, false>(a, s);
+}
+
+template <class Launch, int BITS, int G>
+int dispatch_group(const FoscarDecodeArgs& a, void* s) {
+  if (a.k_channel) {
+    return a.v_channel ? dispatch_modes<Launch, BITS, G, true, true>(a, s)
+                       : dispatch_modes<Launch, BITS, G, true, false>(a, s);
+  }
+  return a.v_channel ? dispatch_modes<Launch, BITS, G, false, true>(a, s)
+                     : dispatch_modes<Launch, BITS, G, false, false>(a, s);
+}
+
+// Every instance of one bit width (one translation unit per width builds in parallel).
+template <class Launch, int BITS>
+int dispatch_bits(const FoscarDecodeArgs& a, void* s) {
+  switch (a.group_size) {
+    case 32: return dispatch_group<Launch, BITS, 32>(a, s);
+    case 64: return dispatch_group<Launch, BITS, 64>(a, s);
+    case 128: return dispatch_group<Launch, BITS, 128>(a, s);
+    default:
+      last_error() = "group_size " + std::to_string(a.group_size) + " is not built; expected 32, 64 or 128";
+      return 2;
+  }
+}
+
+}  // namespace foscar

@@ -1,0 +1,72 @@
+// The decode kernels' own source run on the host (foscar_emu.h): one host thread per lane,
+// CTA after CTA. Built by foscar/emu.py with a host C++20 compiler; for tests and debugging
+// on machines without a GPU, never for speed. Pointers in the arguments are host memory.
+#define FOSCAR_HOST_EMU 1
+
+#include <thread>
+#include <vector>
+
+#include "foscar_decode.cuh"
+#include "foscar_dispatch.h"
+
+namespace foscar {
+
+std::string& last_error() {
+  static thread_local std::string msg;
+  return msg;
+}
+
+struct EmuLaunch {
+  template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+  static int run(const FoscarDecodeArgs& a, void*) {
+    using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
+    const DecodeParams p = make_params(a);
+    const unsigned threads = T::kWarps * 32;
+    for (int z = 0; z < a.batch; ++z)
+      for (int y = 0; y < a.num_kv_heads; ++y)
+        for (int x = 0; x < a.num_splits; ++x) {
+          foscar_emu::Cta cta(threads, decode_smem_bytes<BITS, D, G, KCH, VCH, DEQ>());
+          std::vector<std::thread> lanes;
+          lanes.reserve(threads);
+          for (unsigned t = 0; t < threads; ++t) {
+            lanes.emplace_back([&, t] {
+              foscar_emu::ThreadCtx& c = foscar_emu::tls();
+              c.thread_idx = {t, 0, 0};
+              c.block_idx = {static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z)};
+              c.block_dim = dim3(threads);
+              c.cta = &cta;
+              foscar_decode_kernel<BITS, D, G, KCH, VCH, DEQ>(p);
+            });
+          }
+          for (auto& th : lanes) th.join();
+        }
+    if (a.num_splits > 1) {
+      // The combine kernel has no collectives: one host thread plays each block's only lane.
+      foscar_emu::Cta cta(1, 0);
+      foscar_emu::ThreadCtx& c = foscar_emu::tls();
+      c.thread_idx = {0, 0, 0};
+      c.block_dim = dim3(1);
+      c.cta = &cta;
+      for (int bh = 0; bh < a.batch * a.num_q_heads; ++bh) {
+        c.block_idx = {static_cast<unsigned>(bh), 0, 0};
+        foscar_combine_kernel<D>(a.ws_o, a.ws_ml, p.o, a.num_splits);
+      }
+    }
+    return 0;
+  }
+};
+
+}  // namespace foscar
+
+extern "C" FOSCAR_EXPORT int foscar_emu_decode(const FoscarDecodeArgs* a) {
+  if (const int rc = foscar::check_args(*a)) return rc;
+  return a->bits == 4 ? foscar::dispatch_bits<foscar::EmuLaunch, 4>(*a, nullptr)
+                      : foscar::dispatch_bits<foscar::EmuLaunch, 2>(*a, nullptr);
+}
+
+extern "C" FOSCAR_EXPORT const char* foscar_emu_last_error(void) { return foscar::last_error().c_str(); }
+
+extern "C" FOSCAR_EXPORT int foscar_emu_warps_per_cta(int bits) {
+  return bits == 2 ? foscar::DecodeTraits<2, 128, 128, true, false, false>::kWarps
+                   : foscar::DecodeTraits<4, 128, 128, true, false, false>::kWarps;
+}

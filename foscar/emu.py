@@ -1,0 +1,125 @@
+"""The CUDA kernels' own source, run on the CPU: `foscar.emu.decode` takes CPU tensors.
+
+foscar/csrc/foscar_emu.h gives the few CUDA features the kernels use (lanes as host threads,
+warp-collective operations, mma.sync and movmatrix in their fragment layouts, instant copies)
+and foscar_emu.cpp runs the grid CTA by CTA, through the same dispatch as the GPU library.
+It is slow (seconds for a few hundred tokens) and checks indexing, folding and control flow,
+not speed; the tests run it on every commit, with no GPU (tests/foscar/test_kernels_emu.py).
+
+Building needs a host C++20 compiler (g++ or clang++, or $CXX) and the CUDA headers for the
+bf16/fp16 types (found next to nvcc, or under $CUDA_HOME); the library is cached like
+libfoscar.so, keyed by sources, flags and compiler.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from foscar import kernels
+from foscar.build import CSRC, BuildError, cache_dir, check_defines
+from foscar.cache import QuantizedKVCache
+
+SOURCE = "foscar_emu.cpp"
+CXX_FLAGS = ("-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden", "-pedantic-errors")
+DEFAULT_NUM_SMS = 132  # the split plan of an H200, so the emulator runs the splits the GPU would
+
+
+def find_cxx() -> str:
+    for cand in (os.environ.get("CXX"), shutil.which("g++"), shutil.which("clang++"), shutil.which("c++")):
+        if cand and Path(cand).exists():
+            return cand
+    raise BuildError("no host C++ compiler was found: install g++ or set CXX=/path/to/compiler.")
+
+
+def find_cuda_include() -> Path:
+    """A folder holding cuda_bf16.h: $CUDA_HOME/include, next to nvcc, or /usr/local/cuda."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots.append(str(Path(os.path.realpath(nvcc)).parent.parent))
+    roots.append("/usr/local/cuda")
+    for root in filter(None, roots):
+        for inc in (Path(root) / "include", Path(root) / "targets" / "x86_64-linux" / "include"):
+            if (inc / "cuda_bf16.h").exists():
+                return inc
+    raise BuildError("the CUDA headers (cuda_bf16.h) were not found: install the CUDA toolkit or set CUDA_HOME.")
+
+
+def _key(cxx: str, inc: Path, defines: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for src in sorted(CSRC.glob("*")):
+        if src.suffix in (".cu", ".cuh", ".h", ".cpp"):
+            h.update(src.name.encode())
+            h.update(src.read_bytes())
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+    for part in (" ".join(CXX_FLAGS), " ".join(defines), version, str(inc)):
+        h.update(part.encode())
+    return h.hexdigest()[:16]
+
+
+def build(defines: Sequence[str] = (), force: bool = False) -> Path:
+    """Compiles (or finds in the cache) libfoscar_emu.so; returns its path."""
+    defines = check_defines(defines)
+    cxx, inc = find_cxx(), find_cuda_include()
+    out_dir = cache_dir() / f"emu-{_key(cxx, inc, defines)}"
+    so_path = out_dir / "libfoscar_emu.so"
+    if so_path.exists() and not force:
+        return so_path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = so_path.with_suffix(f".so.tmp{os.getpid()}")
+    cmd = [cxx, *CXX_FLAGS, *defines, f"-I{inc}", f"-I{CSRC}", str(CSRC / SOURCE), "-o", str(tmp)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode:
+        raise BuildError(f"building the host emulation failed:\n{res.stderr[-6000:]}")
+    os.replace(tmp, so_path)
+    return so_path
+
+
+_libs: dict[tuple[str, ...], ctypes.CDLL] = {}
+_lock = threading.Lock()
+
+
+def load(defines: Sequence[str] = ()) -> ctypes.CDLL:
+    key = tuple(defines)
+    with _lock:
+        if key not in _libs:
+            lib = ctypes.CDLL(str(build(defines)))
+            lib.foscar_emu_decode.argtypes = [ctypes.POINTER(kernels._Args)]
+            lib.foscar_emu_decode.restype = ctypes.c_int
+            lib.foscar_emu_last_error.restype = ctypes.c_char_p
+            lib.foscar_emu_warps_per_cta.argtypes = [ctypes.c_int]
+            lib.foscar_emu_warps_per_cta.restype = ctypes.c_int
+            _libs[key] = lib
+        return _libs[key]
+
+
+def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
+           out: torch.Tensor | None = None, variant: str = "fold", num_splits: int | None = None,
+           num_sms: int = DEFAULT_NUM_SMS, defines: Sequence[str] = ()) -> torch.Tensor:
+    """foscar.decode's kernels on the CPU: q and the cache are CPU tensors; same result layout.
+
+    `num_sms` sets the GPU the split plan is made for; `defines` builds with kernel knobs.
+    """
+    kernels._check_inputs(q, cache, out, variant, on_gpu=False)
+    lib = load(defines)
+    out = torch.empty_like(q) if out is None else out
+    keep = []
+
+    def workspace(n_o, n_ml):
+        keep.extend([torch.empty(max(n_o, 1), dtype=torch.float32), torch.empty(max(n_ml, 1), dtype=torch.float32)])
+        return keep[-2], keep[-1]
+
+    args = kernels.launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
+                               num_sms=num_sms, warps_per_cta=lib.foscar_emu_warps_per_cta(cache.config.bits),
+                               workspace=workspace)
+    if lib.foscar_emu_decode(ctypes.byref(args)) != 0:
+        raise RuntimeError(f"foscar.emu.decode: {lib.foscar_emu_last_error().decode()}")
+    return out

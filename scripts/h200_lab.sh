@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call of kernel experiments: time variants (scripts/kernel_lab.py), then profile
+# the named ones under ncu (stall reasons per SASS instruction), all under $OUT.
+#   VARIANTS="base= bulk=FOSCAR_BULK=1" PROFILE="base" CONFIGS=4ct,2ct bash scripts/h200_lab.sh
+# Optional: TESTS="tests/foscar/test_kernels_gpu.py" runs those GPU tests first; PROBE=1 runs
+# scripts/probe_mma_precision.cu; PROFILE_CONFIGS limits what ncu profiles.
+# Libraries built here beforehand travel in .foscar-cache (FOSCAR_CACHE_DIR); a key that
+# does not match the box's nvcc rebuilds there.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=. FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-$PWD/.foscar-cache}
+OUT=${OUT:-out}; mkdir -p "$OUT"
+CONFIGS=${CONFIGS:-4ct,2ct}
+VARIANTS=${VARIANTS:-base=}
+PROFILE=${PROFILE:-}
+vargs=(); for v in $VARIANTS; do vargs+=(--variant "$v"); done
+smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv,noheader; }
+LOG=$OUT/lab.log
+smi | tee "$LOG"
+if [[ -n "${PROBE:-}" ]]; then  # mma.sync accumulation precision (docs/PERFORMANCE.md, v3)
+    nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 scripts/probe_mma_precision.cu -o /tmp/probe \
+        && /tmp/probe 2>&1 | tee -a "$LOG" | tail -12
+fi
+if [[ -n "${TESTS:-}" ]]; then  # the kernels' GPU tests, default build
+    timeout 240 python3 -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee -a "$LOG" | grep -E "passed|failed|Error|seed=" | head -30
+fi
+timeout "${LAB_TIMEOUT:-300}" python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$CONFIGS" --json "$OUT/lab.json" ${LAB_ARGS:-} 2>&1 | tee -a "$LOG" | grep -vE '^\{'
+smi | tee -a "$LOG"
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+PCONFIGS=${PROFILE_CONFIGS:-$CONFIGS}
+for name in $PROFILE; do
+    ranges=(); for c in ${PCONFIGS//,/ }; do ranges+=(--nvtx-include "lab_$c/"); done
+    timeout 240 "$NCU" --clock-control none --nvtx "${ranges[@]}" \
+        --section WarpStateStats --section SchedulerStats --section SourceCounters --section Occupancy \
+        --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section InstructionStats \
+        -f -o "/tmp/prof_$name" python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$PCONFIGS" --profile "$name" ${LAB_ARGS:-} \
+        > "/tmp/ncu_$name.log" 2>&1 || tail -5 "/tmp/ncu_$name.log"
+    "$NCU" --import "/tmp/prof_$name.ncu-rep" --page raw --csv --units base > "$OUT/ncu_raw_$name.csv" 2>/dev/null
+    "$NCU" --import "/tmp/prof_$name.ncu-rep" --page source --csv --print-source sass > "/tmp/src_$name.csv" 2>/dev/null
+    gzip -c "/tmp/src_$name.csv" > "$OUT/ncu_src_$name.csv.gz"
+    "$NCU" --import "/tmp/prof_$name.ncu-rep" --page details --csv > "$OUT/ncu_details_$name.csv" 2>/dev/null
+    grep -E "Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Achieved Occupancy|Duration|DRAM Throughput" \
+        "$OUT/ncu_details_$name.csv" | cut -c1-220 | head -24
+done

@@ -1,0 +1,150 @@
+"""The CUDA kernels' own source on the CPU (foscar.emu) against the float64 reference over the
+same dequantized cache: the GPU tests' cases, sized for a CPU, on every commit.
+
+Shapes are drawn fresh on every run (the failing seed is in the message); outputs are
+poisoned before each launch, so an element never written fails.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import foscar
+from foscar import emu
+from foscar.build import BuildError
+from foscar.config import QuantConfig
+from foscar.reference import attention_f64
+
+TOLERANCE = 4e-3  # relative L2 vs float64 over the same dequantized cache: bf16 rounding level
+MODES = [("token", "token"), ("token", "channel"), ("channel", "token"), ("channel", "channel")]
+RNG = random.Random()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _emulator():
+    try:
+        emu.load()
+    except BuildError as exc:
+        pytest.skip(f"the host emulation does not build here: {exc}")
+
+
+def _case(bits, group, k_mode, v_mode, *, batch=None, ratio=None, max_len=None, seed=None):
+    seed = RNG.randrange(1 << 30) if seed is None else seed
+    rng = random.Random(seed)
+    batch = batch or rng.choice([1, 2, 3])
+    ratio = ratio or rng.choice([1, 4, 8])
+    num_kv_heads = rng.choice([1, 2])
+    page = rng.choice([p for p in (64, 128, 256) if p % group == 0])
+    # Lengths that are not multiples of the group or page size, unequal within the batch.
+    lens = [rng.randrange(1, max_len or 2 * page + group + 37) for _ in range(batch)]
+    config = QuantConfig(bits=bits, group_size=group, k_mode=k_mode, v_mode=v_mode, page_size=page)
+    return seed, config, lens, num_kv_heads, ratio
+
+
+def _data(config, lens, num_kv_heads, ratio, seed):
+    gen = torch.Generator().manual_seed(seed)
+    batch, dim, max_len = len(lens), 128, max(lens)
+    k = torch.randn(batch, max_len, num_kv_heads, dim, generator=gen).to(torch.bfloat16)
+    v = torch.randn(batch, max_len, num_kv_heads, dim, generator=gen).to(torch.bfloat16)
+    # Per-channel outliers, as real keys have, so channel-wise groups matter.
+    k = k * (1 + 4 * torch.rand(dim, generator=gen)).to(torch.bfloat16)
+    q = torch.randn(batch, num_kv_heads * ratio, dim, generator=gen).to(torch.bfloat16)
+    cache = foscar.quantize(k, v, lens, config, shuffle_pages=True, seed=seed)
+    return q, cache
+
+
+def _error(q, cache, lens, **kwargs):
+    out = torch.full_like(q, float("nan"))  # poison: an element never written fails
+    emu.decode(q, cache, out=out, **kwargs)
+    assert torch.isfinite(out).all(), "some output elements were never written (or are NaN)"
+    kd, vd = foscar.dequantize(cache, dtype=torch.float64)
+    ref = attention_f64(q, kd, vd, lens)
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("k_mode,v_mode", MODES)
+def test_fold_matches_reference(bits, group, k_mode, v_mode):
+    seed, config, lens, hkv, ratio = _case(bits, group, k_mode, v_mode)
+    q, cache = _data(config, lens, hkv, ratio, seed)
+    err = _error(q, cache, lens)
+    assert err <= TOLERANCE, f"seed={seed} lens={lens} hkv={hkv} ratio={ratio} page={config.page_size}: {err:.2e}"
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("k_mode,v_mode", MODES)
+def test_forced_splits_and_many_sequences(bits, k_mode, v_mode):
+    # A batch past one warp's worth of sequences, every split count the combine must merge.
+    seed, config, lens, hkv, ratio = _case(bits, 128, k_mode, v_mode, batch=9, ratio=4, max_len=700)
+    q, cache = _data(config, lens, hkv, ratio, seed)
+    for splits in (1, 2, 3):
+        err = _error(q, cache, lens, num_splits=splits)
+        assert err <= TOLERANCE, f"seed={seed} lens={lens} splits={splits}: {err:.2e}"
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("k_mode,v_mode", [("channel", "token"), ("token", "channel")])
+def test_long_context_flushes_and_late_maxima(bits, k_mode, v_mode):
+    # One split over 5000 tokens: each warp runs past several folds of `raw` into the output,
+    # and keys that grow along the sequence keep raising the running maximum after them.
+    config = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
+    seed = RNG.randrange(1 << 30)
+    gen = torch.Generator().manual_seed(seed)
+    lens = [5000, 1500]
+    k = torch.randn(2, 5000, 1, 128, generator=gen) * torch.linspace(0.5, 2.0, 5000)[None, :, None, None]
+    v = torch.randn(2, 5000, 1, 128, generator=gen)
+    q = torch.randn(2, 4, 128, generator=gen).to(torch.bfloat16)
+    cache = foscar.quantize(k.to(torch.bfloat16), v.to(torch.bfloat16), lens, config, shuffle_pages=True, seed=seed)
+    for splits in (1, None):
+        err = _error(q, cache, lens, num_splits=splits)
+        assert err <= TOLERANCE, f"seed={seed} splits={splits}: {err:.2e}"
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("group", [32, 128])
+def test_dequant_ablation_matches_reference(bits, group):
+    seed, config, lens, hkv, ratio = _case(bits, group, "channel", "token")
+    q, cache = _data(config, lens, hkv, ratio, seed)
+    err = _error(q, cache, lens, variant="dequant")
+    assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
+
+
+@pytest.mark.parametrize("k_mode,v_mode", MODES)
+def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
+    # A constant group stores scale 0; the fold's stand-in scale must give back the offset.
+    config = QuantConfig(bits=4, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
+    seed = RNG.randrange(1 << 30)
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(1, 300, 1, 128, generator=gen).to(torch.bfloat16)
+    v = torch.randn(1, 300, 1, 128, generator=gen).to(torch.bfloat16)
+    k[:, :, :, :64] = 0.75  # channels constant over all tokens: channel-wise groups
+    k[:, 7] = 0.25  # a constant token: a token-wise group
+    v[:, :128] = -1.5
+    v[:, 200] = 0.5
+    q = torch.randn(1, 4, 128, generator=gen).to(torch.bfloat16)
+    cache = foscar.quantize(k, v, [300], config)
+    assert (cache.k_params[..., 0] == 0).any() and (cache.v_params[..., 0] == 0).any()
+    err = _error(q, cache, [300])
+    assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
+
+
+@pytest.mark.parametrize("knobs", [("-DFOSCAR_BULK=0",), ("-DFOSCAR_WARPS_INT4=4", "-DFOSCAR_STAGES_INT2=2")])
+def test_build_knobs_compute_the_same_function(knobs):
+    # The lab's variants (cp.async staging, other warp and stage counts) must stay correct.
+    seed, config, lens, hkv, ratio = _case(RNG.choice([4, 2]), 128, "channel", "token", batch=2)
+    q, cache = _data(config, lens, hkv, ratio, seed)
+    err = _error(q, cache, lens, defines=knobs)
+    assert err <= TOLERANCE, f"seed={seed} knobs={knobs}: {err:.2e}"
+
+
+def test_bad_input_is_one_clear_error():
+    config = QuantConfig(bits=4, group_size=128, page_size=128)
+    k = torch.randn(1, 100, 1, 128).to(torch.bfloat16)
+    cache = foscar.quantize(k, k.clone(), [100], config)
+    with pytest.raises(ValueError, match="bfloat16"):
+        emu.decode(torch.randn(1, 4, 128), cache)
+    with pytest.raises(ValueError, match="1 to 8"):
+        emu.decode(torch.randn(1, 16, 128).to(torch.bfloat16), cache)
