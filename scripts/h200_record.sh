@@ -1,29 +1,55 @@
 #!/usr/bin/env bash
-# Records on the H200 box what docs/PERFORMANCE.md and the bundled results quote, in one
-# device call: kernel GPU tests, the kernel bench at the headline shape (both operand
-# types), the `paper` sweep over every backend, and the ALU/DRAM table under ncu.
-#   bash scripts/h200_record.sh      (writes under $OUT, default ./out)
+# The device calls that produce what docs/PERFORMANCE.md and the bundled results quote, in
+# stages that each fit one call (under 10 minutes):
+#   STAGES="tests lab profile" bash scripts/h200_record.sh   are the kernels right, how fast, why
+#   STAGES="paper alu" bash scripts/h200_record.sh           every backend at the paper point
+#   STAGES="full" RESUME=<run id> bash scripts/h200_record.sh  the full grid, resumable
+# Everything lands in $OUT/record.tar.gz (the call brings back at most 8 files) and the log
+# in $OUT/record.log. The device copy has no .git: pass FOSCAR_GIT_SHA=<commit> for the store.
+# The FlashInfer wheels travel in .whl (scripts/../shared/gpu/wheelhouse.sh fills it).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-/tmp/fcache}
-# The device copy has no .git: pass FOSCAR_GIT_SHA=$(git rev-parse HEAD) in the command.
-OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=. FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-$PWD/.foscar-cache}
+OUT=${OUT:-out}; W=$OUT/record; mkdir -p "$W"
+LOG=$OUT/record.log
+STAGES=${STAGES:-tests lab profile}
+pack() { tar -C "$OUT" -czf "$OUT/record.tar.gz" record; }  # after every stage: a cut-off call keeps the rest
+trap pack EXIT
 if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:.
-else
-    export PYTHONPATH=.
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site:.
 fi
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv | tee "$OUT/smi_before.csv"
-python3 -c "from foscar.build import build; print(build('sm_90a').so_path)" | tail -1
-# mma.sync accumulation precision under an injection bias, and fp16 subnormal operands
-nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 -I foscar/csrc scripts/probe_mma_precision.cu -o /tmp/probe \
-    && /tmp/probe | tee "$OUT/probe_mma.txt" | tail -8
-timeout 120 python3 -m pytest -q tests/foscar/test_kernels_gpu.py tests/suite/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt" | grep -E "passed|failed|seed=" | head -20
-timeout 100 python3 scripts/bench_foscar.py --json "$OUT/bench_bf16.json" 2>&1 | tail -11
-FOSCAR_OPERAND=fp16 timeout 100 python3 scripts/bench_foscar.py --json "$OUT/bench_fp16.json" 2>&1 | tail -11
-BACKENDS=flashinfer-bf16-tc,flashinfer-bf16,flashinfer-fp8,trtllm-xqa-fp8,flashinfer-nvfp4-tc,trtllm-nvfp4,bitdecoding-int4,bitdecoding-int2,foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2,foscar-int4-fp16,foscar-int2-fp16
-timeout 200 python3 -m suite sweep --preset paper --backends "$BACKENDS" --db "$OUT/paper.sqlite" --no-progress 2>&1 | tail -22
-RUN=$(python3 -c "from suite.store import ResultStore; print(ResultStore('$OUT/paper.sqlite').latest_run())")
-timeout 150 python3 -m suite alu -b foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2,flashinfer-bf16-tc,trtllm-xqa-fp8 \
-    --batch 128 --kv-len 32768 --iters 2 --run "$RUN" --db "$OUT/paper.sqlite" --json-out "$OUT/alu.json" 2>&1 | tail -16
-nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv | tee "$OUT/smi_after.csv"
+smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv,noheader; }
+echo "== start $(date -u +%FT%TZ) stages: $STAGES; $(smi)" | tee "$LOG"
+
+LAB_VARIANTS="v4= v4kf16high=FOSCAR_KF16_HIGH=1 v4w12=FOSCAR_WARPS_INT2=12 v4cp=FOSCAR_BULK=0"
+BACKENDS_PAPER=flashinfer-bf16-tc,flashinfer-bf16,flashinfer-fp8,trtllm-xqa-fp8,flashinfer-nvfp4-tc,trtllm-nvfp4,bitdecoding-int4,bitdecoding-int2,foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2
+BACKENDS_FULL=flashinfer-bf16-tc,trtllm-xqa-fp8,foscar-int4,foscar-int2
+
+for stage in $STAGES; do
+    echo "== $stage $(date -u +%T) $(smi)" | tee -a "$LOG"
+    case $stage in
+    tests)  # the kernels' and the harness's GPU tests, default build
+        timeout 240 python3 -m pytest -q -p no:cacheprovider tests/foscar/test_kernels_gpu.py \
+            tests/foscar/test_cache_gpu.py tests/suite/test_gpu.py 2>&1 | tee "$W/pytest_gpu.txt" | tail -15 | tee -a "$LOG" ;;
+    lab)    # build variants, check each at the headline shape, time them interleaved; then every mode
+        VARIANTS="$LAB_VARIANTS" CONFIGS=4ct,2ct OUT="$W/lab" LAB_TIMEOUT=200 bash scripts/h200_lab.sh 2>&1 | tail -14 | tee -a "$LOG"
+        VARIANTS="v4=" CONFIGS=4tt,4tc,4cc,2tt,2tc,2cc,4ctd,2ctd OUT="$W/modes" LAB_TIMEOUT=200 \
+            bash scripts/h200_lab.sh 2>&1 | tail -12 | tee -a "$LOG" ;;
+    profile)  # stall reasons per SASS instruction, the default build at the headline shape
+        VARIANTS="v4=" PROFILE=v4 CONFIGS=4ct,2ct OUT="$W/ncu" LAB_TIMEOUT=120 bash scripts/h200_lab.sh 2>&1 \
+            | grep -E "Duration|Issued Warp|Eligible|Warp Cycles" | tee -a "$LOG" ;;
+    paper)
+        timeout 420 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" \
+            --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
+    alu)
+        RUN=$(python3 -c "from suite.store import ResultStore; print(ResultStore('$W/paper.sqlite').latest_run())")
+        timeout 240 python3 -m suite alu -b foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2,flashinfer-bf16-tc,trtllm-xqa-fp8 \
+            --batch 128 --kv-len 32768 --iters 2 --run "$RUN" --db "$W/paper.sqlite" --json-out "$W/alu.json" 2>&1 | tail -16 | tee -a "$LOG" ;;
+    full)
+        timeout 540 python3 -m suite sweep --preset full --backends "$BACKENDS_FULL" --db "$W/full.sqlite" \
+            ${RESUME:+--resume "$RESUME"} --no-progress 2>&1 | tail -20 | tee -a "$LOG" ;;
+    *) echo "unknown stage $stage (tests lab profile paper alu full)" | tee -a "$LOG" ;;
+    esac
+    pack
+done
+echo "== end $(date -u +%T) $(smi)" | tee -a "$LOG"

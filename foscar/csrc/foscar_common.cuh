@@ -54,21 +54,48 @@ __host__ __device__ constexpr float radix_factor(int k) {
 // fp16 1024.0 in both halves: 0x6400 | c is exactly 1024 + c for c < 1024.
 constexpr uint32_t kF16Bias2 = 0x64006400u;
 
-// fp16 operands (10 mantissa bits) take codes anywhere in bits 0-9 of a half, so one shift
-// per word serves every position (the channel-wise-K product uses them, docs/FORMAT.md):
-//   INT4: positions 0, 1 in place (factors 1, 16); 2, 3 from w >> 8 (1, 16).
-//   INT2: positions 0-4 in place (1, 4, 16, 64, 256); 5-7 from w >> 10 (1, 4, 16).
+// fp16 operands (10 mantissa bits) take codes anywhere in bits 0-9 of a half (the channel-
+// wise-K product uses them, docs/FORMAT.md). Two schedules, chosen at build time:
+//  - compact (default): one shift per word serves every position.
+//      INT4: positions 0, 1 in place (factors 1, 16); 2, 3 from w >> 8 (1, 16).
+//      INT2: positions 0-4 in place (1, 4, 16, 64, 256); 5-7 from w >> 10 (1, 4, 16).
+//  - high (FOSCAR_KF16_HIGH=1): every code at bit 4 or above (factor >= 16), so the 1024 bias
+//    is at most 64 times a code's unit and the MMA's fp32 accumulation loses less of the
+//    signal (scripts/probe_mma_precision.cu: 2.5e-4 -> 6.6e-6 of it over 8 INT2 steps), for
+//    one more shift and a left shift (an IMAD, FMA pipe) per word.
+//      INT4: 0 from w << 4, 1 in place, 2 from w >> 4 (all 16); 3 from w >> 6 (64).
+//      INT2: 0, 1 from w << 4 (16, 64); 2-4 in place (16, 64, 256); 5-7 from w >> 6 (16, 64, 256).
+#ifndef FOSCAR_KF16_HIGH
+#define FOSCAR_KF16_HIGH 0
+#endif
+template <int BITS>
+__host__ __device__ constexpr int f16_shift(int k) {  // > 0: right shift, < 0: left shift
+  if (FOSCAR_KF16_HIGH) {
+    if (BITS == 4) return k == 0 ? -4 : (k == 1 ? 0 : (k == 2 ? 4 : 6));
+    return k < 2 ? -4 : (k < 5 ? 0 : 6);
+  }
+  if (BITS == 4) return k < 2 ? 0 : 8;
+  return k < 5 ? 0 : 10;
+}
+template <int BITS>
+__host__ __device__ constexpr int f16_offset(int k) {  // bit of the code's LSB after the shift
+  if (FOSCAR_KF16_HIGH) {
+    if (BITS == 4) return k == 3 ? 6 : 4;
+    return 4 + 2 * (k < 2 ? k : (k < 5 ? k - 2 : k - 5));
+  }
+  if (BITS == 4) return 4 * (k % 2);
+  return 2 * (k < 5 ? k : k - 5);
+}
 template <int BITS, int K>
 __host__ __device__ __forceinline__ uint32_t inject_f16(uint32_t w) {
-  if constexpr (BITS == 4) {
-    return and_or_bias<(0x000F000Fu << (4 * (K % 2))), kF16Bias2>(w >> (K < 2 ? 0 : 8));
-  } else {
-    return and_or_bias<(0x00030003u << (2 * (K < 5 ? K : K - 5))), kF16Bias2>(w >> (K < 5 ? 0 : 10));
-  }
+  constexpr int kShift = f16_shift<BITS>(K);
+  constexpr uint32_t kMask = (((1u << BITS) - 1u) << f16_offset<BITS>(K)) * 0x00010001u;
+  const uint32_t x = kShift < 0 ? w * (1u << (kShift < 0 ? -kShift : 0)) : w >> (kShift > 0 ? kShift : 0);
+  return and_or_bias<kMask, kF16Bias2>(x);
 }
 template <int BITS>
 __host__ __device__ constexpr float radix_factor_f16(int k) {
-  return BITS == 4 ? (k % 2 ? 16.0f : 1.0f) : static_cast<float>(1 << (2 * (k < 5 ? k : k - 5)));
+  return static_cast<float>(1 << f16_offset<BITS>(k));
 }
 
 // Position K of a word as a bf16 or an fp16 operand.
@@ -222,6 +249,11 @@ __host__ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
 }
 __host__ __device__ __forceinline__ float2 unpack_f16x2(uint32_t x) {
   return __half22float2(*reinterpret_cast<__half2*>(&x));
+}
+// The same for fp16 operands (1024 + f c), as the channel-wise-K product reads them.
+__device__ __forceinline__ uint32_t dequant_f16x2(uint32_t x, const float (&scale)[2], const float (&offset)[2]) {
+  const float2 v = unpack_f16x2(x);
+  return pack_f16x2(fmaf(v.x, scale[0], offset[0]), fmaf(v.y, scale[1], offset[1]));
 }
 
 // Dequantize-first ablation: an injected register (128 + f c, two elements) becomes

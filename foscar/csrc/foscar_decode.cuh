@@ -211,7 +211,9 @@ __global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarp
   };
 
   // Channel-wise K: the largest |q| of this KV head's query heads (for the fp16 prescale).
-  constexpr bool F16K = KCH && !DEQ;
+  // Channel-wise K runs its product in fp16, folded or (the ablation) dequantized alike, so
+  // that the ablation differs from the fold in folding alone.
+  constexpr bool F16K = KCH;
   float maxq = 0.f;
   auto reduce_maxq = [&]() {
 #pragma unroll
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarp
     mbar_init_fence();
   }
   __syncthreads();  // q is in place; every warp's barriers are initialised
-  if constexpr (F16K) reduce_maxq();
+  if constexpr (F16K && !DEQ) reduce_maxq();
 
   // K operand. Token-wise K (and the ablation): q / f, exact in bf16, fixed for the run; the
   // softmax scale goes into the epilogue constants. Channel-wise K: q * s * scale / f, rebuilt
@@ -246,7 +248,7 @@ __global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarp
     for (int j = 0; j < NJ; ++j) {
       const float2 q2 = q_pair_f32(j);
       const float inv_f = DEQ ? 1.0f : 1.0f / radix_factor<BITS>(j % P);
-      qb[0][j] = pack_bf16x2(q2.x * inv_f, q2.y * inv_f);
+      qb[0][j] = F16K ? pack_f16x2(q2.x, q2.y) : pack_bf16x2(q2.x * inv_f, q2.y * inv_f);
     }
     if constexpr (!KCH) {
 #pragma unroll
@@ -317,17 +319,17 @@ __global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarp
       to_acc_heads(warp_sum_quad(part), kbias[gq][0], kbias[gq][1]);
     }
   };
-  // Ablation, channel-wise K: per channel pair, s / f and z - 128 s / f in fp32.
+  // Ablation, channel-wise K: per channel pair, s / f and z - 1024 s / f in fp32 (fp16 operands).
   constexpr int NKD = DEQ ? NJ : 1;
   float kds[NKD][2], kdz[NKD][2];
   auto rebuild_k_dequant = [&](const __half2* gp) {
 #pragma unroll
     for (int j = 0; j < NKD; ++j) {
       const int c = 2 * t4 + 8 * j;
-      const float inv_f = 1.0f / radix_factor<BITS>(j % P);
+      const float inv_f = 1.0f / radix_factor_f16<BITS>(j % P);
       const float2 sz0 = __half22float2(gp[c]), sz1 = __half22float2(gp[c + 1]);
       kds[j][0] = sz0.x * inv_f, kds[j][1] = sz1.x * inv_f;
-      kdz[j][0] = sz0.y - kBias * kds[j][0], kdz[j][1] = sz1.y - kBias * kds[j][1];
+      kdz[j][0] = sz0.y - kBiasF16 * kds[j][0], kdz[j][1] = sz1.y - kBiasF16 * kds[j][1];
     }
   };
   // Token-wise V: the chunk's (s, z) become (s, z / s), one entry per token and group.
@@ -502,10 +504,10 @@ __global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarp
 #undef FOSCAR_K_CASE
     }
     if constexpr (DEQ) {
-      a[0] = dequant_bf16x2(a[0], kds[2 * kt], kdz[2 * kt]);
-      a[1] = dequant_bf16x2(a[1], kds[2 * kt], kdz[2 * kt]);
-      a[2] = dequant_bf16x2(a[2], kds[2 * kt + 1], kdz[2 * kt + 1]);
-      a[3] = dequant_bf16x2(a[3], kds[2 * kt + 1], kdz[2 * kt + 1]);
+      a[0] = dequant_f16x2(a[0], kds[2 * kt], kdz[2 * kt]);
+      a[1] = dequant_f16x2(a[1], kds[2 * kt], kdz[2 * kt]);
+      a[2] = dequant_f16x2(a[2], kds[2 * kt + 1], kdz[2 * kt + 1]);
+      a[3] = dequant_f16x2(a[3], kds[2 * kt + 1], kdz[2 * kt + 1]);
     }
   };
   auto v_operands = [&](const uint32_t (&vw)[T::kWordsPerLane], int mt, uint32_t (&a)[4]) {
