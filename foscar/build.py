@@ -63,6 +63,25 @@ class BuildResult:
         """The shared library holds the sm_90a SASS; cuobjdump reads it directly."""
         return self.so_path
 
+    def smem_bytes(self) -> dict[str, int]:
+        """Dynamic shared memory per CTA of each decode kernel, asked of the built library
+        (loading it needs no GPU); {} when it cannot be loaded here."""
+        import ctypes
+
+        try:
+            lib = ctypes.CDLL(str(self.so_path))
+            query = lib.foscar_decode_smem_bytes
+        except (OSError, AttributeError):
+            return {}
+        query.argtypes = [ctypes.c_int] * 5
+        query.restype = ctypes.c_int
+        out = {}
+        for res in self.resources:
+            args = decode_template_args(res.name)
+            if args is not None:
+                out[res.name] = query(*args)
+        return out
+
     @property
     def kernels(self) -> dict:
         """Per-kernel metadata for the instruction analysis."""
@@ -73,6 +92,18 @@ class BuildResult:
                 entry["kv_elems_per_iter_per_thread"] = KV_ELEMS_PER_LOOP_ITER_PER_THREAD
             meta[res.name] = entry
         return meta
+
+
+_TEMPLATE = re.compile(r"foscar_decode_kernel<(\d+), (\d+), (\d+), (true|false), (true|false), (true|false)>")
+
+
+def decode_template_args(name: str) -> tuple[int, int, int, int, int] | None:
+    """(bits, group_size, k_channel, v_channel, dequant) of a demangled decode kernel name."""
+    m = _TEMPLATE.search(name)
+    if not m:
+        return None
+    bits, _, group, kch, vch, deq = m.groups()
+    return int(bits), int(group), int(kch == "true"), int(vch == "true"), int(deq == "true")
 
 
 def find_nvcc() -> str:

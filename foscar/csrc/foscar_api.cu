@@ -23,3 +23,24 @@ extern "C" int foscar_warps_per_cta(int bits) {
   return bits == 2 ? foscar::DecodeTraits<2, 128, 128, true, false, false>::kWarps
                    : foscar::DecodeTraits<4, 128, 128, true, false, false>::kWarps;
 }
+
+namespace foscar {
+// A "launcher" that only reports an instance's dynamic shared memory, through the same
+// dispatch as the real one (so it answers for exactly the instances that are built).
+struct SmemQuery {
+  template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+  static int run(const FoscarDecodeArgs&, void*) {
+    return decode_smem_bytes<BITS, D, G, KCH, VCH, DEQ>();
+  }
+};
+}  // namespace foscar
+
+extern "C" int foscar_decode_smem_bytes(int bits, int group_size, int k_channel, int v_channel, int dequant) {
+  FoscarDecodeArgs a{};
+  a.bits = bits, a.group_size = group_size, a.k_channel = k_channel, a.v_channel = v_channel, a.dequant = dequant;
+  if (bits != 2 && bits != 4) return -1;
+  // The dispatch answers 2 for a configuration it does not build; a kernel's smem is KBs.
+  const int rc = bits == 4 ? foscar::dispatch_bits<foscar::SmemQuery, 4>(a, nullptr)
+                           : foscar::dispatch_bits<foscar::SmemQuery, 2>(a, nullptr);
+  return rc > 2 ? rc : -1;
+}

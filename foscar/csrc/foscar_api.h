@@ -44,6 +44,8 @@ FOSCAR_EXPORT int foscar_decode(const FoscarDecodeArgs* args, void* stream);
 FOSCAR_EXPORT const char* foscar_last_error(void);
 /* Warps per CTA of the decode kernels this library was built with, for the split planner. */
 FOSCAR_EXPORT int foscar_warps_per_cta(int bits);
+/* Dynamic shared memory per CTA of one decode kernel instance, or -1 if it is not built. */
+FOSCAR_EXPORT int foscar_decode_smem_bytes(int bits, int group_size, int k_channel, int v_channel, int dequant);
 
 #ifdef __cplusplus
 }

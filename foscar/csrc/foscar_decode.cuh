@@ -147,9 +147,11 @@ struct SmemLayout {
   static constexpr int kStaging = T::kWarps * T::kStages * T::kStageBytes;
   static constexpr int kTables = kStaging;
   static constexpr int kQ = kTables + T::kWarps * T::kTableBytes;
-  // q twice: bf16 (the tail's MMA operand) and fp32 (what the folds multiply).
+  // q twice: bf16 (the tail's MMA operand) and fp32 (what the folds multiply); the fp32 rows
+  // are padded by 8 floats so that the 8 heads' lanes of a fragment load hit distinct banks.
+  static constexpr int kQfRow = D + 8;
   static constexpr int kQf = kQ + T::kMaxRatio * D * 2;
-  static constexpr int kBarriers = kQf + T::kMaxRatio * D * 4;
+  static constexpr int kBarriers = kQf + T::kMaxRatio * kQfRow * 4;
   static constexpr int kEnd = kBarriers + T::kWarps * T::kStages * 8;
   static constexpr int kCombine = T::kWarps * 8 * (D + 2) * 4;
   static constexpr int kBytes = kEnd > kCombine ? kEnd : kCombine;
@@ -198,12 +200,12 @@ __global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarp
     for (int i = threadIdx.x; i < T::kMaxRatio * D / 2; i += NW * 32) {
       const uint32_t x = i < ratio * D / 2 ? qsrc[i] : 0u;
       qdst[i] = x;
-      sqf[i] = unpack_bf16x2(x);
+      sqf[(i / (D / 2)) * (S::kQfRow / 2) + i % (D / 2)] = unpack_bf16x2(x);
     }
   }
   // Lane (r, t4) holds head r's channels 2*t4 + 8j + {0, 1}: the B fragment of S^T = K Q^T.
   auto q_pair = [&](int j) -> uint32_t { return *reinterpret_cast<const uint32_t*>(sq + r * D + 2 * t4 + 8 * j); };
-  auto q_pair_f32 = [&](int j) -> float2 { return sqf[(r * D + 2 * t4 + 8 * j) / 2]; };
+  auto q_pair_f32 = [&](int j) -> float2 { return sqf[r * (S::kQfRow / 2) + t4 + 4 * j]; };
   // Per-head sums that the folds need, for this lane's two accumulator heads 2*t4 + {0,1}.
   auto to_acc_heads = [&](float per_row_head, float& h0, float& h1) {
     h0 = __shfl_sync(0xffffffffu, per_row_head, (2 * t4) * 4);

@@ -22,24 +22,27 @@ struct EmuLaunch {
     using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
     const DecodeParams p = make_params(a);
     const unsigned threads = T::kWarps * 32;
-    for (int z = 0; z < a.batch; ++z)
-      for (int y = 0; y < a.num_kv_heads; ++y)
-        for (int x = 0; x < a.num_splits; ++x) {
-          foscar_emu::Cta cta(threads, decode_smem_bytes<BITS, D, G, KCH, VCH, DEQ>());
-          std::vector<std::thread> lanes;
-          lanes.reserve(threads);
-          for (unsigned t = 0; t < threads; ++t) {
-            lanes.emplace_back([&, t] {
-              foscar_emu::ThreadCtx& c = foscar_emu::tls();
-              c.thread_idx = {t, 0, 0};
+    // One host thread per lane for the whole grid: the lanes run the CTAs one after another
+    // and meet at the CTA's barrier between two (shared memory is reused, as on a GPU).
+    foscar_emu::Cta cta(threads, decode_smem_bytes<BITS, D, G, KCH, VCH, DEQ>());
+    std::vector<std::thread> lanes;
+    lanes.reserve(threads);
+    for (unsigned t = 0; t < threads; ++t) {
+      lanes.emplace_back([&, t] {
+        foscar_emu::ThreadCtx& c = foscar_emu::tls();
+        c.thread_idx = {t, 0, 0};
+        c.block_dim = dim3(threads);
+        c.cta = &cta;
+        for (int z = 0; z < a.batch; ++z)
+          for (int y = 0; y < a.num_kv_heads; ++y)
+            for (int x = 0; x < a.num_splits; ++x) {
               c.block_idx = {static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z)};
-              c.block_dim = dim3(threads);
-              c.cta = &cta;
               foscar_decode_kernel<BITS, D, G, KCH, VCH, DEQ>(p);
-            });
-          }
-          for (auto& th : lanes) th.join();
-        }
+              cta.bar.arrive_and_wait();
+            }
+      });
+    }
+    for (auto& th : lanes) th.join();
     if (a.num_splits > 1) {
       // The combine kernel has no collectives: one host thread plays each block's only lane.
       foscar_emu::Cta cta(1, 0);

@@ -1,4 +1,4 @@
-"""`foscar-bench build`: compile the FOSCAR kernels and show their register and spill report."""
+"""`foscar-bench build`: compile the FOSCAR kernels and show their registers, shared memory and spills."""
 from __future__ import annotations
 
 import typer
@@ -23,12 +23,14 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]build failed:[/red] {exc}")
             raise typer.Exit(1)
         table = Table(title=f"libfoscar.so for {result.arch} ({'cached' if result.cached else 'built'}, key {result.key})")
-        for col in ("kernel", "registers", "stack B", "spill st B", "spill ld B"):
+        for col in ("kernel", "registers", "smem KB", "stack B", "spill st B", "spill ld B"):
             table.add_column(col, justify="left" if col == "kernel" else "right")
+        smem = result.smem_bytes()
         spilled = []
         for res in result.resources:
             style = "red" if res.spills else None
-            table.add_row(res.name, str(res.registers), str(res.stack_bytes), str(res.spill_store_bytes),
+            kb = f"{smem[res.name] / 1024:.1f}" if smem.get(res.name, -1) > 0 else "-"
+            table.add_row(_label(res.name), str(res.registers), kb, str(res.stack_bytes), str(res.spill_store_bytes),
                           str(res.spill_load_bytes), style=style)
             if res.spills and "decode_kernel" in res.name:
                 spilled.append(res.name)
@@ -37,3 +39,15 @@ def register(app: typer.Typer) -> None:
         if spilled:
             console.print(f"[bold red]WARNING: {len(spilled)} hot decode kernel(s) spill registers to local "
                           "memory; see the red rows.[/bold red]")
+
+
+def _label(name: str) -> str:
+    """'decode int4 g128 K channel V token' for a decode kernel; other names as they are."""
+    from foscar.build import decode_template_args
+
+    args = decode_template_args(name)
+    if args is None:
+        return name.replace("foscar::", "")
+    bits, group, kch, vch, deq = args
+    mode = lambda flag: "channel" if flag else "token"  # noqa: E731
+    return f"decode int{bits} g{group} K {mode(kch)} V {mode(vch)}{' (dequant)' if deq else ''}"

@@ -97,3 +97,25 @@ def test_build_key_follows_the_flags(monkeypatch):
     assert build.build_key("sm_100a", nvcc) != base
     monkeypatch.setattr(build, "NVCC_FLAGS", build.NVCC_FLAGS + ("-lineinfo",))
     assert build.build_key("sm_90a", nvcc) != base
+
+
+def test_decode_kernel_names_parse_to_their_template_arguments():
+    name = "void foscar::foscar_decode_kernel<2, 128, 64, true, false, true>(foscar::DecodeParams)"
+    assert build.decode_template_args(name) == (2, 64, 1, 0, 1)
+    assert build.decode_template_args("void foscar::foscar_combine_kernel<128>(float const*)") is None
+
+
+def test_build_reports_each_decode_kernels_shared_memory():
+    try:
+        result = build.build("sm_90a")
+    except build.BuildError as exc:
+        pytest.skip(f"nvcc cannot build the kernels here: {exc}")
+    smem = result.smem_bytes()
+    decode = [r.name for r in result.resources if "decode_kernel" in r.name]
+    assert decode and all(smem[name] > 16 * 1024 for name in decode)
+    # The dispatch answers -1 for what is not built (the ablation exists for K channel, V token only).
+    import ctypes
+
+    lib = ctypes.CDLL(str(result.so_path))
+    assert lib.foscar_decode_smem_bytes(4, 128, 0, 0, 1) == -1
+    assert lib.foscar_decode_smem_bytes(3, 128, 1, 0, 0) == -1
