@@ -21,7 +21,7 @@ fi
 smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv,noheader; }
 echo "== start $(date -u +%FT%TZ) stages: $STAGES; $(smi)" | tee "$LOG"
 
-LAB_VARIANTS="v4= v4kf16high=FOSCAR_KF16_HIGH=1 v4w12=FOSCAR_WARPS_INT2=12 v4cp=FOSCAR_BULK=0"
+LAB_VARIANTS="v4= v4kf16high=FOSCAR_KF16_HIGH=1 v4w12=FOSCAR_WARPS_INT2=12 v4chunkring=FOSCAR_UNIT_STAGING=0 v4cp=FOSCAR_BULK=0"
 BACKENDS_PAPER=flashinfer-bf16-tc,flashinfer-bf16,flashinfer-fp8,trtllm-xqa-fp8,flashinfer-nvfp4-tc,trtllm-nvfp4,bitdecoding-int4,bitdecoding-int2,foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2
 BACKENDS_FULL=flashinfer-bf16-tc,trtllm-xqa-fp8,foscar-int4,foscar-int2
 

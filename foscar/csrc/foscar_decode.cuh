@@ -45,6 +45,10 @@ struct DecodeParams {
   int batch, num_q_heads, num_kv_heads;
   int page_size, max_pages;
   int page_shift;               // log2(page_size) when it is a power of two, else -1
+  // Staging address strides, in bytes (constant-bank operands, so the loop keeps no
+  // registers for them): one head's codes / parameters within a page, and one whole page.
+  int code_head_bytes, param_head_bytes;
+  long long code_page_bytes, param_page_bytes;
   int num_splits, units_per_split;
   float sm_scale_log2;          // softmax scale times log2(e)
 };
@@ -70,6 +74,10 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.page_size = a.page_size;
   p.max_pages = a.max_pages;
   p.page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(a.page_size)) : -1;
+  p.code_head_bytes = a.page_size * a.head_dim * a.bits / 8;
+  p.param_head_bytes = a.page_size * (a.head_dim / a.group_size) * 4;
+  p.code_page_bytes = static_cast<long long>(p.code_head_bytes) * a.num_kv_heads;
+  p.param_page_bytes = static_cast<long long>(p.param_head_bytes) * a.num_kv_heads;
   p.num_splits = a.num_splits;
   p.units_per_split = a.units_per_split;
   p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
@@ -103,6 +111,14 @@ constexpr int kQTopExponent = 13;
 #ifndef FOSCAR_BULK
 #define FOSCAR_BULK 1  // 1: one lane stages each chunk with the bulk copy engine; 0: cp.async
 #endif
+// INT2 at group size 128: one ring stage holds a whole unit (2 chunks, one page run), so a
+// unit costs one round of copies and waits instead of two (0: a stage per chunk).
+#ifndef FOSCAR_UNIT_STAGING
+#define FOSCAR_UNIT_STAGING 1
+#endif
+#ifndef FOSCAR_UNIT_STAGES_INT2
+#define FOSCAR_UNIT_STAGES_INT2 2
+#endif
 
 template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
 struct DecodeTraits {
@@ -126,9 +142,13 @@ struct DecodeTraits {
   // Parameters one chunk stages, in half2: token-wise 64 * D / G, channel-wise one group row
   // per group the chunk touches.
   static constexpr int kParamsPerChunk = kGroupsT * D;
-  static constexpr int kCodeBytes = kTiles * kWordsPerTile * 4;
-  static constexpr int kStageBytes = 2 * kCodeBytes + 2 * kParamsPerChunk * 4;
-  static constexpr int kStages = BITS == 4 ? FOSCAR_STAGES_INT4 : FOSCAR_STAGES_INT2;
+  static constexpr int kCodeBytes = kTiles * kWordsPerTile * 4;  // one tensor, one chunk
+  // Chunks one ring stage holds: [K codes of each][V codes of each][K params][V params].
+  static constexpr int kChunksPerStage = (FOSCAR_UNIT_STAGING && BITS == 2 && kChunksPerUnit == 2) ? 2 : 1;
+  static constexpr int kStageBytes = kChunksPerStage * 2 * kCodeBytes + 2 * kParamsPerChunk * 4;
+  static constexpr int kStages =
+      BITS == 4 ? FOSCAR_STAGES_INT4 : (kChunksPerStage == 2 ? FOSCAR_UNIT_STAGES_INT2 : FOSCAR_STAGES_INT2);
+  static_assert(kChunksPerStage * kChunk * kGroupsD <= kParamsPerChunk, "a stage's token-wise params fit its slot");
   static constexpr int kWarps = BITS == 4 ? FOSCAR_WARPS_INT4 : FOSCAR_WARPS_INT2;
   // Fold tables per warp, float2 entries: channel-wise K (s * scale / f, f z / s - 128) per
   // channel of each token group in the chunk; token-wise V (s, z / s) per token and group.
@@ -405,42 +425,55 @@ __global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarp
     const int u = u_begin + warp + (n / T::kChunksPerUnit) * NW;
     return u < u_end ? u * T::kUnit + (n % T::kChunksPerUnit) * kChunk : Lp;
   };
+  const int32_t* page_row = p.page_table + (size_t)b * p.max_pages;
+  constexpr int CPS = T::kChunksPerStage;
+  // Stages the chunks n * CPS .. n * CPS + CPS - 1 of this warp (consecutive tokens of a page).
   auto issue = [&](int n, int stage) {
-    const int tok0 = chunk_token(n);
+    const int tok0 = chunk_token(n * CPS);
     if (tok0 >= Lp) return;
     // Power-of-two pages (the usual case) skip the integer division.
     const int lpage = p.page_shift >= 0 ? tok0 >> p.page_shift : tok0 / p.page_size;
-    const int page = p.page_table[(size_t)b * p.max_pages + lpage];
+    const unsigned long long page = static_cast<unsigned>(page_row[lpage]);
     const int tip = tok0 - lpage * p.page_size;
-    const size_t ph = (size_t)page * p.num_kv_heads + h;
-    const size_t code_off = (ph * (p.page_size / 16) + tip / 16) * WPT;
     uint8_t* st = wsmem + stage * T::kStageBytes;
-    // Parameters: token-wise runs start at the chunk's first token; channel-wise at its group.
-    const size_t kpo = ph * (p.page_size * D / G) + (KCH ? (size_t)(tip / G) * D : (size_t)tip * GD);
-    const size_t vpo = ph * (p.page_size * D / G) + (VCH ? (size_t)(tip / G) * D : (size_t)tip * GD);
-    constexpr int kKParamBytes = (KCH ? T::kParamsPerChunk : kChunk * GD) * 4;
-    constexpr int kVParamBytes = (VCH ? T::kParamsPerChunk : kChunk * GD) * 4;
+    // Byte offsets: the page, this head's slice of it (pages hold every head: docs/FORMAT.md),
+    // the chunk's first tile; parameters from the chunk's first token (token-wise) or its group.
+    const unsigned long long code_off =
+        page * p.code_page_bytes + (unsigned)(h * p.code_head_bytes + (tip / 16) * (WPT * 4));
+    const unsigned long long param_off =
+        page * p.param_page_bytes + (unsigned)(h * p.param_head_bytes);
+    const uint8_t* kc_src = reinterpret_cast<const uint8_t*>(p.k_codes) + code_off;
+    const uint8_t* vc_src = reinterpret_cast<const uint8_t*>(p.v_codes) + code_off;
+    const uint8_t* kp_src =
+        reinterpret_cast<const uint8_t*>(p.k_params) + param_off + (KCH ? (tip / G) * D * 4 : tip * GD * 4);
+    const uint8_t* vp_src =
+        reinterpret_cast<const uint8_t*>(p.v_params) + param_off + (VCH ? (tip / G) * D * 4 : tip * GD * 4);
+    constexpr int kKParamBytes = (KCH ? T::kParamsPerChunk : CPS * kChunk * GD) * 4;
+    constexpr int kVParamBytes = (VCH ? T::kParamsPerChunk : CPS * kChunk * GD) * 4;
+    constexpr int kCodes = CPS * T::kCodeBytes;  // per tensor
+    // A channel-wise group row is read where the group starts (K: the operand rebuild) or
+    // ends (V: the flush); when a group spans two stages the other stage skips the copy.
+    const bool k_params = !KCH || tip % G == 0;
+    const bool v_params = !VCH || (tip + CPS * kChunk) % G == 0;
     if constexpr (FOSCAR_BULK) {
       if (lane == 0) {
         uint64_t* bar = wbar + stage;
-        mbar_arrive_expect_tx(bar, 2 * T::kCodeBytes + kKParamBytes + kVParamBytes);
-        bulk_copy_g2s(st, p.k_codes + code_off, T::kCodeBytes, bar);
-        bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + code_off, T::kCodeBytes, bar);
-        bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + kpo, kKParamBytes, bar);
-        bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kParamsPerChunk * 4, p.v_params + vpo, kVParamBytes, bar);
+        mbar_arrive_expect_tx(bar, 2 * kCodes + (k_params ? kKParamBytes : 0) + (v_params ? kVParamBytes : 0));
+        bulk_copy_g2s(st, kc_src, kCodes, bar);
+        bulk_copy_g2s(st + kCodes, vc_src, kCodes, bar);
+        if (k_params) bulk_copy_g2s(st + 2 * kCodes, kp_src, kKParamBytes, bar);
+        if (v_params) bulk_copy_g2s(st + 2 * kCodes + T::kParamsPerChunk * 4, vp_src, kVParamBytes, bar);
       }
     } else {
 #pragma unroll
-      for (int i = lane; i < T::kCodeBytes / 16; i += 32) {
-        cp_async_16(st + 16 * i, reinterpret_cast<const uint8_t*>(p.k_codes + code_off) + 16 * i);
-        cp_async_16(st + T::kCodeBytes + 16 * i, reinterpret_cast<const uint8_t*>(p.v_codes + code_off) + 16 * i);
+      for (int i = lane; i < kCodes / 16; i += 32) {
+        cp_async_16(st + 16 * i, kc_src + 16 * i);
+        cp_async_16(st + kCodes + 16 * i, vc_src + 16 * i);
       }
-      uint8_t* kp_dst = st + 2 * T::kCodeBytes;
+      uint8_t* kp_dst = st + 2 * kCodes;
       uint8_t* vp_dst = kp_dst + T::kParamsPerChunk * 4;
-      for (int i = lane; i < kKParamBytes / 16; i += 32)
-        cp_async_16(kp_dst + 16 * i, reinterpret_cast<const uint8_t*>(p.k_params + kpo) + 16 * i);
-      for (int i = lane; i < kVParamBytes / 16; i += 32)
-        cp_async_16(vp_dst + 16 * i, reinterpret_cast<const uint8_t*>(p.v_params + vpo) + 16 * i);
+      for (int i = lane; k_params && i < kKParamBytes / 16; i += 32) cp_async_16(kp_dst + 16 * i, kp_src + 16 * i);
+      for (int i = lane; v_params && i < kVParamBytes / 16; i += 32) cp_async_16(vp_dst + 16 * i, vp_src + 16 * i);
     }
   };
 
@@ -544,25 +577,30 @@ __global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarp
   for (int n = 0;; ++n) {
     const int tok_chunk = chunk_token(n);
     if (tok_chunk >= Lp) break;
-    if constexpr (FOSCAR_BULK) {
-      // The stage refilled now was read in the previous trip: each lane orders its reads
-      // before the copy engine's writes, and the warp meets before lane 0 issues.
-      fence_proxy_async_smem();
-      __syncwarp();
-      issue(n + T::kStages - 1, (n + T::kStages - 1) % T::kStages);
-      mbar_wait(wbar + n % T::kStages, (n / T::kStages) & 1);
-    } else {
-      issue(n + T::kStages - 1, (n + T::kStages - 1) % T::kStages);
-      cp_async_commit();
-      cp_async_wait<T::kStages - 1>();
-      __syncwarp();
+    const int ns = n / CPS, c = n % CPS;  // the chunk's stage trip and its place in the stage
+    if (c == 0) {
+      if constexpr (FOSCAR_BULK) {
+        // The stage refilled now was read in the previous trip: each lane orders its reads
+        // before the copy engine's writes, and the warp meets before lane 0 issues.
+        fence_proxy_async_smem();
+        __syncwarp();
+        issue(ns + T::kStages - 1, (ns + T::kStages - 1) % T::kStages);
+        mbar_wait(wbar + ns % T::kStages, (ns / T::kStages) & 1);
+      } else {
+        issue(ns + T::kStages - 1, (ns + T::kStages - 1) % T::kStages);
+        cp_async_commit();
+        cp_async_wait<T::kStages - 1>();
+        __syncwarp();
+      }
     }
 
-    const uint8_t* st = wsmem + (n % T::kStages) * T::kStageBytes;
-    const uint32_t* sk = reinterpret_cast<const uint32_t*>(st);
-    const uint32_t* sv = reinterpret_cast<const uint32_t*>(st + T::kCodeBytes);
-    const __half2* skp = reinterpret_cast<const __half2*>(st + 2 * T::kCodeBytes);
-    const __half2* svp = skp + T::kParamsPerChunk;
+    const uint8_t* st = wsmem + (ns % T::kStages) * T::kStageBytes;
+    const uint32_t* sk = reinterpret_cast<const uint32_t*>(st + c * T::kCodeBytes);
+    const uint32_t* sv = reinterpret_cast<const uint32_t*>(st + (CPS + c) * T::kCodeBytes);
+    // Group rows (channel-wise) serve the whole stage; token-wise runs are per chunk.
+    const __half2* skp = reinterpret_cast<const __half2*>(st + 2 * CPS * T::kCodeBytes) + (KCH ? 0 : c * kChunk * GD);
+    const __half2* svp =
+        reinterpret_cast<const __half2*>(st + 2 * CPS * T::kCodeBytes) + T::kParamsPerChunk + (VCH ? 0 : c * kChunk * GD);
     // Channel-wise runs start at the group holding the chunk's first token; with G >= 64 a
     // chunk never crosses a group, with G = 32 it holds two whole groups.
     const bool group_start = tok_chunk % G == 0;

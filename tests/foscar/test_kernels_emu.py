@@ -131,13 +131,19 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
     assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
 
 
-@pytest.mark.parametrize("knobs", [("-DFOSCAR_BULK=0",), ("-DFOSCAR_WARPS_INT4=4", "-DFOSCAR_STAGES_INT2=2")])
+@pytest.mark.parametrize("knobs", [
+    ("-DFOSCAR_BULK=0",),
+    ("-DFOSCAR_WARPS_INT4=4", "-DFOSCAR_UNIT_STAGING=0", "-DFOSCAR_STAGES_INT2=2"),
+    ("-DFOSCAR_KF16_HIGH=1", "-DFOSCAR_UNIT_STAGES_INT2=3"),
+])
 def test_build_knobs_compute_the_same_function(knobs):
-    # The lab's variants (cp.async staging, other warp and stage counts) must stay correct.
-    seed, config, lens, hkv, ratio = _case(RNG.choice([4, 2]), 128, "channel", "token", batch=2)
-    q, cache = _data(config, lens, hkv, ratio, seed)
-    err = _error(q, cache, lens, defines=knobs)
-    assert err <= TOLERANCE, f"seed={seed} knobs={knobs}: {err:.2e}"
+    # The lab's variants (cp.async staging, per-chunk stages, other warp and stage counts, the
+    # other fp16 schedule) must compute the same function.
+    for bits in (4, 2):
+        seed, config, lens, hkv, ratio = _case(bits, 128, RNG.choice(["channel", "token"]), "token", batch=2)
+        q, cache = _data(config, lens, hkv, ratio, seed)
+        err = _error(q, cache, lens, defines=knobs)
+        assert err <= TOLERANCE, f"seed={seed} bits={bits} knobs={knobs}: {err:.2e}"
 
 
 def test_bad_input_is_one_clear_error():
