@@ -32,6 +32,7 @@ _KNOWN = (
     ("foscar-dequant-int2", "FOSCAR dequant-then-attend INT2", "#fdd0a2"),
     ("foscar-int4", "FOSCAR INT4 (ours)", "#de2d26"),
     ("foscar-int2", "FOSCAR INT2 (ours)", "#a50f15"),
+    # v2's all-fp16 experiment (removed in v4); labels kept for its records in bundled stores.
     ("foscar-dequant-int4-fp16", "FOSCAR dequant INT4, fp16 operands (exp.)", "#fee6ce"),
     ("foscar-dequant-int2-fp16", "FOSCAR dequant INT2, fp16 operands (exp.)", "#fff5eb"),
     ("foscar-int4-fp16", "FOSCAR INT4, fp16 operands (exp.)", "#fb6a4a"),
