@@ -113,13 +113,16 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     out = torch.empty_like(q) if out is None else out
     keep = []
 
-    def workspace(n_o, n_ml):
-        keep.extend([torch.empty(max(n_o, 1), dtype=torch.float32), torch.empty(max(n_ml, 1), dtype=torch.float32)])
-        return keep[-2], keep[-1]
+    def workspace(n_o, n_ml, n_count):
+        keep.extend([torch.empty(max(n_o, 1), dtype=torch.float32), torch.empty(max(n_ml, 1), dtype=torch.float32),
+                     torch.zeros(max(n_count, 1), dtype=torch.int32)])
+        return keep[-3], keep[-2], keep[-1]
 
     args = kernels.launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
                                num_sms=num_sms, warps_per_cta=lib.foscar_emu_warps_per_cta(cache.config.bits),
                                workspace=workspace)
     if lib.foscar_emu_decode(ctypes.byref(args)) != 0:
         raise RuntimeError(f"foscar.emu.decode: {lib.foscar_emu_last_error().decode()}")
+    if keep and keep[-1].any():
+        raise RuntimeError("foscar.emu.decode: the split-KV arrival counters were not left at zero")
     return out

@@ -28,7 +28,7 @@ class _Args(ctypes.Structure):
         ("k_params", ctypes.c_void_p), ("v_params", ctypes.c_void_p),
         ("page_table", ctypes.c_void_p), ("seq_lens", ctypes.c_void_p),
         ("k_tail", ctypes.c_void_p), ("v_tail", ctypes.c_void_p),
-        ("ws_o", ctypes.c_void_p), ("ws_ml", ctypes.c_void_p),
+        ("ws_o", ctypes.c_void_p), ("ws_ml", ctypes.c_void_p), ("ws_count", ctypes.c_void_p),
         ("batch", ctypes.c_int32), ("num_q_heads", ctypes.c_int32),
         ("num_kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32),
         ("bits", ctypes.c_int32), ("group_size", ctypes.c_int32),
@@ -116,16 +116,19 @@ def unsupported_reason(num_q_heads: int, num_kv_heads: int, head_dim: int, confi
     return None
 
 
-# Split-KV partials, one buffer per device, grown on demand. Decodes on one device share it,
-# so two launches on different streams at once would race: use one stream per device.
-_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+# Split-KV partials and per-(sequence, KV head) arrival counters, one set per device, grown
+# on demand. The counters start at zero and the kernel leaves them at zero (the last split
+# resets its counter). Decodes on one device share the set, so two launches on different
+# streams at once would race: use one stream per device.
+_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
-def _workspace(device: torch.device, n_o: int, n_ml: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _workspace(device: torch.device, n_o: int, n_ml: int, n_count: int):
     ws = _workspaces.get(device)
-    if ws is None or ws[0].numel() < n_o or ws[1].numel() < n_ml:
+    if ws is None or ws[0].numel() < n_o or ws[1].numel() < n_ml or ws[2].numel() < n_count:
         ws = (torch.empty(max(n_o, 1), dtype=torch.float32, device=device),
-              torch.empty(max(n_ml, 1), dtype=torch.float32, device=device))
+              torch.empty(max(n_ml, 1), dtype=torch.float32, device=device),
+              torch.zeros(max(n_count, 1), dtype=torch.int32, device=device))
         _workspaces[device] = ws
     return ws
 
@@ -188,9 +191,10 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     args = launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
                        num_sms=num_sms, warps_per_cta=lib.foscar_warps_per_cta(cache.config.bits),
-                       workspace=lambda n_o, n_ml: _workspace(q.device, n_o, n_ml), device=device)
+                       workspace=lambda *sizes: _workspace(q.device, *sizes), device=device)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     if lib.foscar_decode(ctypes.byref(args), ctypes.c_void_p(stream)) != 0:
+        _workspaces.pop(q.device, None)  # a failed launch may leave counters behind: start afresh
         raise RuntimeError(f"foscar.decode: {lib.foscar_last_error().decode()}")
     return out
 
@@ -200,8 +204,9 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
                 workspace, device: int = 0) -> _Args:
     """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
 
-    `workspace(n_o, n_ml)` returns the split-KV partial buffers; the struct holds raw
-    pointers, so the caller keeps every tensor alive until the launch has run.
+    `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the zeroed
+    arrival counters; the struct holds raw pointers, so the caller keeps every tensor alive
+    until the launch has run.
     """
     cfg = cache.config
     batch, num_q_heads, head_dim = q.shape
@@ -214,12 +219,13 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         max_units = splits * per_split
         per_split = math.ceil(max_units / num_splits)
         splits = math.ceil(max_units / per_split)
-    ws_o, ws_ml = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2)
+    ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
+                                      batch * cache.num_kv_heads)
     return _Args(
         q.data_ptr(), out.data_ptr(), cache.k_codes.data_ptr(), cache.v_codes.data_ptr(),
         cache.k_params.data_ptr(), cache.v_params.data_ptr(), cache.page_table.data_ptr(),
         cache.seq_lens.data_ptr(), cache.k_tail.data_ptr(), cache.v_tail.data_ptr(),
-        ws_o.data_ptr(), ws_ml.data_ptr(),
+        ws_o.data_ptr(), ws_ml.data_ptr(), ws_count.data_ptr(),
         batch, num_q_heads, cache.num_kv_heads, head_dim,
         cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
         int(variant == "dequant"), cfg.page_size, cache.page_table.shape[1],

@@ -42,6 +42,7 @@ struct DecodeParams {
   const __nv_bfloat16* v_tail;
   float* ws_o;                  // [batch, num_q_heads, num_splits, D] (num_splits > 1 only)
   float* ws_ml;                 // [batch, num_q_heads, num_splits, 2]
+  int* ws_count;                // [batch, num_kv_heads] splits done; 0 between launches
   int batch, num_q_heads, num_kv_heads;
   int page_size, max_pages;
   int page_shift;               // log2(page_size) when it is a power of two, else -1
@@ -68,6 +69,7 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.v_tail = static_cast<const __nv_bfloat16*>(a.v_tail);
   p.ws_o = a.ws_o;
   p.ws_ml = a.ws_ml;
+  p.ws_count = a.ws_count;
   p.batch = a.batch;
   p.num_q_heads = a.num_q_heads;
   p.num_kv_heads = a.num_kv_heads;
@@ -173,7 +175,7 @@ struct SmemLayout {
   static constexpr int kQf = kQ + T::kMaxRatio * D * 2;
   static constexpr int kBarriers = kQf + T::kMaxRatio * kQfRow * 4;
   static constexpr int kEnd = kBarriers + T::kWarps * T::kStages * 8;
-  static constexpr int kCombine = T::kWarps * 8 * (D + 2) * 4;
+  static constexpr int kCombine = T::kWarps * 8 * (D + 2) * 4 + 16;  // + the last-split flag
   static constexpr int kBytes = kEnd > kCombine ? kEnd : kCombine;
   static_assert(kTables % 16 == 0 && kQ % 16 == 0 && kQf % 16 == 0 && kBarriers % 8 == 0, "aligned regions");
   static_assert(kCombine <= kTables, "the combine must not overwrite q while warps still read it");
@@ -856,26 +858,37 @@ __global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarp
       }
     }
   }
-}
+  if (p.num_splits == 1) return;
 
-// Merges the per-split partial results: out = sum_s w_s o_s / sum_s w_s l_s, w_s = 2^(m_s - M).
-template <int D>
-__global__ void foscar_combine_kernel(const float* __restrict__ ws_o, const float* __restrict__ ws_ml,
-                                      __nv_bfloat16* __restrict__ out, int num_splits) {
-  const size_t bh = blockIdx.x;
-  const float* ml = ws_ml + bh * num_splits * 2;
-  float mx = kNegInf;
-  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, ml[2 * s]);
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+  // ---- split-KV: the last split of this (sequence, KV head) to finish merges them all,
+  // out = sum_s w_s o_s / sum_s w_s l_s with w_s = 2^(m_s - M), in the same launch. Each CTA
+  // makes its partials visible before it counts itself; the one that counts last reads them.
+  int* last = reinterpret_cast<int*>(sml + NW * 8 * 2);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* count = p.ws_count + (size_t)b * p.num_kv_heads + h;
+    const int done = atomicAdd(count, 1);
+    *last = done == p.num_splits - 1;
+    if (*last) *count = 0;  // every split has counted: ready for the next launch
+  }
+  __syncthreads();
+  if (!*last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < ratio * D; idx += NW * 32) {
+    const int hd = idx / D, c = idx % D;
+    const size_t row0 = ((size_t)b * p.num_q_heads + h * ratio + hd) * p.num_splits;
+    float mx = kNegInf;
+    for (int sp = 0; sp < p.num_splits; ++sp) mx = fmaxf(mx, __ldcg(p.ws_ml + (row0 + sp) * 2));
     float acc = 0.f, l = 0.f;
-    for (int s = 0; s < num_splits; ++s) {
-      const float m = ml[2 * s];
-      if (m == kNegInf) continue;
-      const float w = exp2f(m - mx);
-      acc += w * ws_o[(bh * num_splits + s) * D + c];
-      l += w * ml[2 * s + 1];
+    for (int sp = 0; sp < p.num_splits; ++sp) {
+      const float m = __ldcg(p.ws_ml + (row0 + sp) * 2);
+      if (m == kNegInf) continue;  // a split with no tokens of this sequence
+      const float wgt = exp2f(m - mx);
+      acc += wgt * __ldcg(p.ws_o + (row0 + sp) * D + c);
+      l += wgt * __ldcg(p.ws_ml + (row0 + sp) * 2 + 1);
     }
-    out[bh * D + c] = __float2bfloat16(acc / l);
+    p.o[((size_t)b * p.num_q_heads + h * ratio + hd) * D + c] = __float2bfloat16(acc / l);
   }
 }
 

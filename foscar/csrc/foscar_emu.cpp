@@ -43,18 +43,6 @@ struct EmuLaunch {
       });
     }
     for (auto& th : lanes) th.join();
-    if (a.num_splits > 1) {
-      // The combine kernel has no collectives: one host thread plays each block's only lane.
-      foscar_emu::Cta cta(1, 0);
-      foscar_emu::ThreadCtx& c = foscar_emu::tls();
-      c.thread_idx = {0, 0, 0};
-      c.block_dim = dim3(1);
-      c.cta = &cta;
-      for (int bh = 0; bh < a.batch * a.num_q_heads; ++bh) {
-        c.block_idx = {static_cast<unsigned>(bh), 0, 0};
-        foscar_combine_kernel<D>(a.ws_o, a.ws_ml, p.o, a.num_splits);
-      }
-    }
     return 0;
   }
 };

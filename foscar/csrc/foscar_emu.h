@@ -104,6 +104,13 @@ inline int min(int a, int b) { return std::min(a, b); }
 inline int max(int a, int b) { return std::max(a, b); }
 
 inline void __syncthreads() { ::foscar_emu::tls().cta->bar.arrive_and_wait(); }
+// CTAs run one after another here, so global memory needs no fences; the atomics are real.
+inline void __threadfence() {}
+inline int atomicAdd(int* address, int value) { return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST); }
+template <class T>
+inline T __ldcg(const T* address) {
+  return *address;
+}
 inline void __syncwarp(unsigned = 0xffffffffu) { ::foscar_emu::tls().warp().bar.arrive_and_wait(); }
 
 template <class T>

@@ -50,9 +50,6 @@ struct CudaLaunch {
     using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
     dim3 grid(a.num_splits, a.num_kv_heads, a.batch);
     kernel<<<grid, T::kWarps * 32, smem, stream>>>(p);
-    if (a.num_splits > 1) {
-      foscar_combine_kernel<D><<<a.batch * a.num_q_heads, D, 0, stream>>>(a.ws_o, a.ws_ml, p.o, a.num_splits);
-    }
     e = cudaGetLastError();
     if (e != cudaSuccess) {
       last_error() = std::string("kernel launch: ") + cudaGetErrorString(e);
