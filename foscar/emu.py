@@ -91,13 +91,7 @@ def load(defines: Sequence[str] = ()) -> ctypes.CDLL:
     key = tuple(defines)
     with _lock:
         if key not in _libs:
-            lib = ctypes.CDLL(str(build(defines)))
-            lib.foscar_emu_decode.argtypes = [ctypes.POINTER(kernels._Args)]
-            lib.foscar_emu_decode.restype = ctypes.c_int
-            lib.foscar_emu_last_error.restype = ctypes.c_char_p
-            lib.foscar_emu_warps_per_cta.argtypes = [ctypes.c_int]
-            lib.foscar_emu_warps_per_cta.restype = ctypes.c_int
-            _libs[key] = lib
+            _libs[key] = kernels.bind(ctypes.CDLL(str(build(defines))), "foscar_emu")
         return _libs[key]
 
 

@@ -55,15 +55,21 @@ def load_library(arch: str | None = None, defines: tuple[str, ...] = ()):
     key = (arch, tuple(defines))
     with _lib_lock:
         if key not in _libs:
-            result = build(arch, defines=defines)
-            lib = ctypes.CDLL(str(result.so_path))
-            lib.foscar_decode.argtypes = [ctypes.POINTER(_Args), ctypes.c_void_p]
-            lib.foscar_decode.restype = ctypes.c_int
-            lib.foscar_last_error.restype = ctypes.c_char_p
-            lib.foscar_warps_per_cta.argtypes = [ctypes.c_int]
-            lib.foscar_warps_per_cta.restype = ctypes.c_int
-            _libs[key] = lib
+            _libs[key] = bind(ctypes.CDLL(str(build(arch, defines=defines).so_path)), "foscar")
         return _libs[key]
+
+
+def bind(lib: ctypes.CDLL, prefix: str) -> ctypes.CDLL:
+    """Declares the C API's prototypes on a loaded library (`foscar` on the GPU library,
+    `foscar_emu` on the host emulation, whose decode takes no stream)."""
+    decode = getattr(lib, f"{prefix}_decode")
+    decode.argtypes = [ctypes.POINTER(_Args)] + ([ctypes.c_void_p] if prefix == "foscar" else [])
+    decode.restype = ctypes.c_int
+    getattr(lib, f"{prefix}_last_error").restype = ctypes.c_char_p
+    warps = getattr(lib, f"{prefix}_warps_per_cta")
+    warps.argtypes = [ctypes.c_int]
+    warps.restype = ctypes.c_int
+    return lib
 
 
 def unit_tokens(group_size: int) -> int:
