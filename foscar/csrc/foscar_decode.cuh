@@ -97,7 +97,7 @@ constexpr float kZeroScaleStandIn = 1.0f;
 constexpr int kQTopExponent = 13;
 
 // Build-time knobs for kernel experiments (foscar.build passes -D flags; scripts/kernel_lab.py
-// times them; the defaults are the measured choice, docs/PERFORMANCE.md).
+// times them; docs/PERFORMANCE.md says which defaults have been measured).
 #ifndef FOSCAR_WARPS_INT4
 #define FOSCAR_WARPS_INT4 8
 #endif
@@ -234,10 +234,10 @@ __global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarp
     h1 = __shfl_sync(0xffffffffu, per_row_head, (2 * t4 + 1) * 4);
   };
 
-  // Channel-wise K: the largest |q| of this KV head's query heads (for the fp16 prescale).
   // Channel-wise K runs its product in fp16, folded or (the ablation) dequantized alike, so
   // that the ablation differs from the fold in folding alone.
   constexpr bool F16K = KCH;
+  // The largest |q| of this KV head's query heads (for the fold's fp16 prescale).
   float maxq = 0.f;
   auto reduce_maxq = [&]() {
 #pragma unroll
