@@ -123,12 +123,17 @@ def _nvcc_version(nvcc: str) -> str:
     return out.strip().splitlines()[-1] if out.strip() else "unknown"
 
 
-def build_key(arch: str, nvcc: str, defines: Sequence[str] = ()) -> str:
-    h = hashlib.sha256()
+def hash_sources(h, suffixes: Sequence[str] = (".cu", ".cuh", ".h")):
+    """Feeds every kernel source with these suffixes (name and bytes) into hash `h`."""
     for src in sorted(CSRC.glob("*")):
-        if src.suffix in (".cu", ".cuh", ".h"):
+        if src.suffix in suffixes:
             h.update(src.name.encode())
             h.update(src.read_bytes())
+    return h
+
+
+def build_key(arch: str, nvcc: str, defines: Sequence[str] = ()) -> str:
+    h = hash_sources(hashlib.sha256())
     h.update(" ".join(NVCC_FLAGS).encode())
     h.update(" ".join(defines).encode())
     h.update(arch.encode())

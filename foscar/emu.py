@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 
 from foscar import kernels
-from foscar.build import CSRC, BuildError, cache_dir, check_defines
+from foscar.build import CSRC, BuildError, cache_dir, check_defines, hash_sources
 from foscar.cache import QuantizedKVCache
 
 SOURCE = "foscar_emu.cpp"
@@ -54,11 +54,7 @@ def find_cuda_include() -> Path:
 
 
 def _key(cxx: str, inc: Path, defines: Sequence[str]) -> str:
-    h = hashlib.sha256()
-    for src in sorted(CSRC.glob("*")):
-        if src.suffix in (".cu", ".cuh", ".h", ".cpp"):
-            h.update(src.name.encode())
-            h.update(src.read_bytes())
+    h = hash_sources(hashlib.sha256(), (".cu", ".cuh", ".h", ".cpp"))
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     for part in (" ".join(CXX_FLAGS), " ".join(defines), version, str(inc)):
         h.update(part.encode())

@@ -2,8 +2,7 @@
 each against float64 attention, then time them interleaved on the same caches.
 
   PYTHONPATH=. python scripts/kernel_lab.py \
-      --variant base= --variant bulk=FOSCAR_BULK=1 \
-      --variant w12=FOSCAR_BULK=1,FOSCAR_WARPS_INT4=12,FOSCAR_WARPS_INT2=12 \
+      --variant v4= --variant cp=FOSCAR_BULK=0 --variant w12=FOSCAR_WARPS_INT2=12 \
       --configs 4ct,2ct --json $OUT/lab.json
 
 A variant is NAME=KNOB[,KNOB...] where each KNOB is FOSCAR_NAME=VALUE (foscar_decode.cuh).
@@ -12,8 +11,9 @@ A variant is NAME=KNOB[,KNOB...] where each KNOB is FOSCAR_NAME=VALUE (foscar_de
 
 Timing: CUDA events around `--reps` launches back to back (their mean is one sample), after
 a warm-up; the variants take turns in rounds so that clock drift hits all of them alike;
-median and the 10th/90th percentiles over the rounds. The caches are GBs at the default shape, far past the 60 MB L2, so every launch
-reads HBM; for small shapes pass --rotate N to cycle through N copies of the cache.
+median and the 10th/90th percentiles over the rounds. The caches are GBs at the default
+shape, far past the 60 MB L2, so every launch reads HBM; for small shapes pass --rotate N to
+cycle through N copies of the cache.
 A variant whose output disagrees with the reference (or leaves an element unwritten) is
 reported as wrong and not timed.
 """
@@ -103,7 +103,7 @@ def main() -> int:
             raise SystemExit(f"--profile {args.profile!r} names no --variant")
 
     t0 = time.time()
-    with ThreadPoolExecutor(max_workers=len(variants)) as pool:
+    with ThreadPoolExecutor(max_workers=len(variants)) as pool:  # builds in parallel, then loads from the cache
         builds = list(pool.map(lambda v: build("sm_90a", defines=v[1]), variants))
     libs = {name: kernels.load_library("sm_90a", defines) for name, defines in variants}
     for (name, defines), res in zip(variants, builds):
@@ -163,6 +163,7 @@ def main() -> int:
             for c in caches[:2]:
                 kernels.decode(q, c, out=out, variant=kvariant, library=libs[name])
         torch.cuda.synchronize()
+
         def launcher(name, c):
             return lambda: kernels.decode(q, c, out=out, variant=kvariant, library=libs[name])
 
