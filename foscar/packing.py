@@ -14,6 +14,13 @@ HEAD_DIMS = (64, 128, 256)
 BF16_128_PAIR = 0x43004300  # bf16 128.0 in both 16-bit halves of a word
 
 
+def block_tokens(kind: str) -> int:
+    """Tokens in one packed block of `kind` ('k' or 'v'): the unit pack_tiles/unpack_tiles work on."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} is not a tensor kind; expected 'k' or 'v'.")
+    return TILE_TOKENS
+
+
 def words_per_tile(bits: int, head_dim: int) -> int:
     """int32 words holding one 16-token x head_dim tile of codes."""
     return TILE_TOKENS * head_dim * bits // 32
