@@ -57,12 +57,10 @@ def v4_chains(num_sms: int = 132, warps: int = 8, kv_heads: int = 8, batch: int 
     """v4 (commit cb0e876): split-KV units of max(64, G) tokens, dealt to 8 warps round-robin;
     each warp folds its accumulator into fp32 every 8 chunks of 64 tokens (token-wise V) or
     at each group's end (channel-wise V)."""
-    from foscar.kernels import plan_splits
-
     def plan(n_tokens: int, cfg: QuantConfig) -> list[np.ndarray]:
         unit = max(64, cfg.group_size)
         units = math.ceil(n_tokens / unit)
-        splits, per_split = plan_splits(batch, kv_heads, units, num_sms, warps)
+        splits, per_split = _v4_plan_splits(batch, kv_heads, units, num_sms, warps)
         chains = []
         for split in range(splits):
             u0 = split * per_split
@@ -83,6 +81,18 @@ def v4_chains(num_sms: int = 132, warps: int = 8, kv_heads: int = 8, batch: int 
         return chains
 
     return plan
+
+
+def _v4_plan_splits(batch: int, kv_heads: int, max_units: int, num_sms: int, warps: int) -> tuple[int, int]:
+    """v4's split planner (one CTA of 8 warps per SM; splits of whole units)."""
+    best = None
+    for splits in range(1, min(64, max(1, max_units)) + 1):
+        per_split = math.ceil(max_units / splits)
+        used = math.ceil(max_units / per_split)
+        cost = math.ceil(batch * kv_heads * used / num_sms) * (math.ceil(per_split / warps) + 0.5)
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, used, per_split)
+    return best[1], best[2]
 
 
 def sequential_chains(flush_tokens: int) -> ChainPlan:

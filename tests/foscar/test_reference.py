@@ -77,7 +77,7 @@ def fold_cases():
 
 @pytest.mark.parametrize("k_mode, v_mode, bits, group, head_dim, ratio", fold_cases())
 def test_folded_equals_dequantized_attention(rng, k_mode, v_mode, bits, group, head_dim, ratio):
-    page = group * (1 + head_dim // 128 % 2)  # page size one or two groups
+    page = max(64, group) * (1 + head_dim // 128 % 2)  # page size one or two groups (or 64-token blocks)
     cfg = QuantConfig(bits=bits, group_size=group, k_mode=k_mode, v_mode=v_mode, page_size=page)
     max_len = 2 * page + group + 5
     # Lengths off every edge: past a page and a group, a whole group, inside one group, 1.
@@ -95,7 +95,7 @@ def test_folded_equals_dequantized_attention(rng, k_mode, v_mode, bits, group, h
 @pytest.mark.parametrize("bits", [2, 4])
 def test_folded_batch_129(rng, bits, k_mode, v_mode):
     """Many short sequences: every length from 1 up, so each sits differently in its group and page."""
-    cfg = QuantConfig(bits=bits, group_size=32, k_mode=k_mode, v_mode=v_mode, page_size=32)
+    cfg = QuantConfig(bits=bits, group_size=32, k_mode=k_mode, v_mode=v_mode, page_size=64)
     lens = [1 + (7 * b) % 80 for b in range(129)]
     q, k, v = draw(rng, 129, 80, 8, 1, 64)
     cache = quantize(k, v, lens, cfg, shuffle_pages=True, seed=1)
@@ -120,7 +120,7 @@ def test_bad_query_shapes(rng):
     q, k, v = draw(rng, 1, 8, 3, 2, 64)
     with pytest.raises(ValueError, match="num_q_heads=3 is not a multiple of num_kv_heads=2"):
         attention_f64(q, k, v, [8])
-    cache = quantize(k, v, [8], QuantConfig(group_size=32, page_size=32))
+    cache = quantize(k, v, [8], QuantConfig(group_size=32, page_size=64))
     with pytest.raises(ValueError, match="num_q_heads=3 is not a multiple of num_kv_heads=2"):
         folded_attention_f64(q, cache)
     with pytest.raises(ValueError, match="cache holds batch=1, head_dim=64"):
