@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from suite.cases import NO_QUANT, Case
+from core.case import NO_QUANT, Case
+from core.gpu import GpuInfo
 
 # Set to 1 (or pass --test-backends to the sweep) to register backends that exist only to
 # test the harness, such as `test-crash`.
@@ -37,24 +38,6 @@ class Unsupported(Exception):
 
 class CompileError(Exception):
     """Raised when a backend's kernel fails to build (JIT); recorded as `compile_error`."""
-
-
-@dataclass
-class GpuInfo:
-    """What `supports` may look at about the device a case would run on."""
-
-    index: int = 0
-    name: str = "unknown"
-    uuid: str | None = None
-    capability: tuple[int, int] = (0, 0)
-    sm_count: int | None = None
-    total_memory_bytes: int | None = None
-    l2_bytes: int | None = None
-
-    @property
-    def sm(self) -> int:
-        """e.g. 90 for Hopper, 100 for Blackwell B200."""
-        return self.capability[0] * 10 + self.capability[1]
 
 
 @dataclass
@@ -87,7 +70,7 @@ class Prepared:
         head_dim] in any float dtype: the cache as THIS backend stores it, dequantized.
         The float64 reference attends over it, so quantization error is not counted
         against the kernel (it is reported separately as quant_rel_error).
-    bytes: bytes one step must move, only where it differs from suite.bytes_model's count for
+    bytes: bytes one step must move, only where it differs from core.bytes_model's count for
         the case (None: the harness takes the byte model's).
     out: the output buffer `run` writes (poisoned before the checked run), or None.
     reference_q: the query the reference uses, if the backend's cannot be the source's.
@@ -145,7 +128,7 @@ class Backend:
     def memory_bytes(self, case: Case) -> int:
         """Device bytes one prepared copy holds (beyond the source), for fit checks and
         for how many copies cold-L2 rotation may make. Defaults to the byte model."""
-        from suite.bytes_model import traffic_for
+        from core.bytes_model import traffic_for
 
         return traffic_for(self, case).total
 

@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 from baselines.base import Backend, GpuInfo, Prepared, SourceKV, Unsupported, register
-from suite.cases import Case
+from core.case import Case
 
 BUILD_HINT = (
     "bit_decode is not importable; build BitDecoding from source on the GPU machine: "

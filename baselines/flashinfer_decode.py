@@ -20,8 +20,8 @@ from baselines._paging import (
     shared_workspace,
 )
 from baselines.base import Backend, GpuInfo, Prepared, SourceKV, Unsupported, has_module, register
-from suite.bytes_model import traffic_for
-from suite.cases import Case
+from core.bytes_model import traffic_for
+from core.case import Case
 
 WORKSPACE_BYTES = 256 * 1024 * 1024  # split-KV partial results (FlashInfer suggests 128 MB)
 INSTALL_HINT = (
@@ -226,7 +226,7 @@ class FlashInferNVFP4TC(_FlashInferDecode):
         # a 4-bit format of its own: one case per shape, paired with the 4-bit sweeps
         if case.bits != 4 and case.k_mode != "none":
             return None
-        from suite.cases import NO_QUANT
+        from core.case import NO_QUANT
 
         return case.with_(bits=4, **NO_QUANT)
 

@@ -9,7 +9,7 @@ never a dead sweep.
 from __future__ import annotations
 
 from baselines.base import Backend, CompileError, GpuInfo, Prepared, SourceKV, Unsupported, register
-from suite.cases import Case
+from core.case import Case
 
 
 def _foscar():

@@ -12,7 +12,7 @@ import os
 import time
 
 from baselines.base import Backend, GpuInfo, Prepared, SourceKV, register
-from suite.cases import Case
+from core.case import Case
 
 
 def torch_attention(q, k, v, sm_scale: float):

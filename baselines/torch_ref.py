@@ -3,7 +3,7 @@ correctness: it shows what "dequantize, then attend" gives with nothing clever."
 from __future__ import annotations
 
 from baselines.base import Backend, Prepared, SourceKV, Unsupported, register  # noqa: F401
-from suite.cases import Case
+from core.case import Case
 
 
 def _foscar_api():

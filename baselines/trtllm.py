@@ -24,8 +24,8 @@ from baselines._paging import (
 )
 from baselines.base import Backend, GpuInfo, Prepared, SourceKV, Unsupported, has_module, register
 from baselines.flashinfer_decode import INSTALL_HINT, call_with_supported, flashinfer_version
-from suite.bytes_model import traffic_for
-from suite.cases import Case
+from core.bytes_model import traffic_for
+from core.case import Case
 
 WORKSPACE_BYTES = 256 * 1024 * 1024  # XQA keeps 8 MB of semaphores at the front
 XQA_SEMAPHORE_BYTES = 8 << 20
@@ -141,7 +141,7 @@ class TrtllmNVFP4(Backend):
     def case_for(self, case: Case) -> Case | None:
         if case.bits != 4 and case.k_mode != "none":
             return None
-        from suite.cases import NO_QUANT
+        from core.case import NO_QUANT
 
         return case.with_(bits=4, **NO_QUANT)
 

@@ -1,4 +1,4 @@
-"""Reading the results store for reports (records, runs, envs, run/commit names): the one place touching suite.store."""
+"""Reading the results store for reports (records, runs, envs, run/commit names): the one place touching core.store."""
 from __future__ import annotations
 
 import json
@@ -38,7 +38,7 @@ class Results:
 
 
 def default_db() -> Path:
-    from suite.store import DEFAULT_DB
+    from core.store import DEFAULT_DB
 
     return Path(DEFAULT_DB)
 
@@ -96,7 +96,7 @@ def open_store(db: str | Path) -> Results:
             f"results store {path} does not exist; run `foscar-bench sweep` first, pass --db, "
             "or use --bundled."
         )
-    from suite.store import ResultStore
+    from core.store import ResultStore
 
     store = ResultStore(path)
     try:

@@ -34,7 +34,7 @@ from foscar import kernels
 from foscar.build import build
 from foscar.config import QuantConfig
 from foscar.reference import attention_f64
-from suite.bytes_model import datasheet_peak_tbps
+from core.bytes_model import datasheet_peak_tbps
 
 TOLERANCE = 4e-3
 MODES = {"t": "token", "c": "channel"}

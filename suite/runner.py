@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baselines.base import Backend, CompileError, GpuInfo, Prepared, SourceKV, Unsupported
-from suite import bytes_model
-from suite.cases import Case
+from core import bytes_model
+from core.case import Case
 from suite.timing import l2_flush, l2_plan, time_cpu, time_gpu
 
 MAX_CHECK_SEQS = 4  # sequences the float64 reference checks in big cases

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from baselines.base import Backend
-from suite.cases import Case
+from core.case import Case
 from suite.runner import case_fields
-from suite.store import ResultStore, record_key
+from core.store import ResultStore, record_key
 
 CASE_TIMEOUT_S = 900.0  # FlashInfer may JIT-compile a kernel on its first case
 START_TIMEOUT_S = 600.0  # a worker's start: CUDA init plus the read-ceiling kernel

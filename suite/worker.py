@@ -32,29 +32,18 @@ def make_context(device_spec: str, opts: dict[str, Any]):
     """The WorkerContext for 'cpu' or a torch CUDA index ('0', '1', ...)."""
     import torch
 
-    from baselines.base import GpuInfo
+    from core.gpu import GpuInfo, torch_uuid
     from suite.envinfo import _nvml, gpu_info, nvml_handle_for
     from suite.runner import WorkerContext
 
     if device_spec == "cpu":
-        return WorkerContext(device=torch.device("cpu"), gpu=GpuInfo(index=-1, name="cpu"))
+        return WorkerContext(device=torch.device("cpu"), gpu=GpuInfo.cpu())
     index = int(device_spec)
     torch.cuda.set_device(index)
-    props = torch.cuda.get_device_properties(index)
-    uuid = getattr(props, "uuid", None)
-    uuid = None if uuid is None else (str(uuid) if str(uuid).startswith("GPU-") else f"GPU-{uuid}")
     nv = _nvml()
-    handle = nvml_handle_for(nv, index, uuid) if nv else None
+    handle = nvml_handle_for(nv, index, torch_uuid(torch.cuda.get_device_properties(index))) if nv else None
     env = gpu_info(nv, handle, index, use_torch=True)
-    gpu = GpuInfo(
-        index=index,
-        name=props.name,
-        uuid=env.get("uuid") or uuid,
-        capability=(props.major, props.minor),
-        sm_count=props.multi_processor_count,
-        total_memory_bytes=props.total_memory,
-        l2_bytes=getattr(props, "L2_cache_size", None) or env.get("l2_bytes"),
-    )
+    gpu = GpuInfo.from_torch(index, env)
     ctx = WorkerContext(device=torch.device("cuda", index), gpu=gpu, gpu_env=env, nvml=nv, nvml_handle=handle)
     ceiling = opts.get("known_ceilings", {}).get(device_spec)
     if ceiling is None and opts.get("read_ceiling", True):
@@ -77,7 +66,7 @@ def worker_main(slot: int, device_spec: str, task_q: Any, result_q: Any, opts: d
     try:
         ctx = make_context(device_spec, opts)
         from baselines.base import get_backend
-        from suite.cases import Case
+        from core.case import Case
         from suite.runner import measure
     except BaseException as exc:  # noqa: BLE001
         traceback.print_exc()

@@ -450,7 +450,7 @@ def _own_case(backend_name: str, case: Any) -> tuple[Any, int | None]:
     empty, never guessed."""
     try:
         from baselines.base import get_backend
-        from suite.bytes_model import traffic_for
+        from core.bytes_model import traffic_for
 
         backend = get_backend(backend_name)
         own = own_case(backend, case) or case

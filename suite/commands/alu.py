@@ -172,7 +172,7 @@ def register(app: typer.Typer) -> None:
 
 
 def make_case(fields: dict) -> Any:
-    from suite.cases import MODELS, Case
+    from core.case import MODELS, Case
 
     if fields["model"] not in MODELS:
         raise typer.BadParameter(f"--model {fields['model']!r}: expected one of {sorted(MODELS)}.")
@@ -218,7 +218,7 @@ def _static_for(backend: Any, case: Any, arch: str, console: Any) -> float | Non
 
 
 def _store(db: Path, run: str, res: dict, console: Any, result_cls: Any) -> None:
-    from suite.store import ResultStore
+    from core.store import ResultStore
 
     fields = result_cls(**{k: res[k] for k in result_cls.__dataclass_fields__}).store_fields()
     fields["alu_static_per_elem"] = res.get("alu_static_per_elem")

@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         import pandas as pd
         from rich.console import Console
 
-        from suite.store import ResultStore
+        from core.store import ResultStore
         from suite.summary import summary_table
 
         console = Console()

@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
 
         from baselines.base import TEST_BACKENDS_ENV, all_backends, select_backends
         from suite.cases import expand, make_spec, parse_int_list, parse_str_list
-        from suite.store import ResultStore
+        from core.store import ResultStore
         from suite.sweep import plan_items
 
         console = Console()

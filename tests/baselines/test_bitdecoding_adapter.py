@@ -9,7 +9,7 @@ import torch
 
 from baselines.base import GpuInfo, get_backend
 from baselines.bitdecoding import emulate_quant
-from suite.cases import Case
+from core.case import Case
 from suite.runner import WorkerContext, check, make_source
 
 H200 = GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0))

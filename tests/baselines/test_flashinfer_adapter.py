@@ -10,7 +10,7 @@ import torch
 
 from baselines import _paging as pg
 from baselines.base import GpuInfo, get_backend
-from suite.cases import Case
+from core.case import Case
 from suite.runner import WorkerContext, check, make_source
 
 H200 = GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0))

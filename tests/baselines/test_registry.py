@@ -2,7 +2,7 @@
 import pytest
 
 from baselines.base import GpuInfo, all_backends, get_backend, select_backends
-from suite.cases import Case
+from core.case import Case
 
 EXPECTED = {
     "torch-ref", "flashinfer-bf16", "flashinfer-bf16-tc", "flashinfer-bf16-fa3", "flashinfer-fp8",

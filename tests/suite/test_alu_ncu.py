@@ -10,7 +10,7 @@ import pytest
 
 from suite.alu import ncu
 from suite.alu.ncu import METRICS, derive, kv_elements, parse_csv, parse_number, per_launch
-from suite.cases import Case
+from core.case import Case
 
 DATA = Path(__file__).parent / "data"
 E = 2 * 1024 * 8 * 128 * 2  # batch 2, kv 1024, 8 KV heads, d 128, K and V
@@ -158,7 +158,7 @@ def test_profile_case_through_stand_in_ncu(tmp_path, raw_text, case):
     assert [k["launches"] for k in res["kernels"]] == [2, 2]
     fig = res["figures"]
     assert fig["alu_per_elem"] == pytest.approx(0.75)
-    assert fig["model_read_bytes"] is not None  # from suite.bytes_model for the INT4 format
+    assert fig["model_read_bytes"] is not None  # from core.bytes_model for the INT4 format
     assert (tmp_path / "log.txt").read_text().startswith(fake)
 
 

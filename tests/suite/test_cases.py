@@ -2,8 +2,9 @@
 import pytest
 
 from baselines.base import select_backends
+from core.case import Case
 from suite.cases import (
-    Case, expand, load_preset, make_spec, pair, parse_int_list, parse_str_list, preset_names,
+    expand, load_preset, make_spec, pair, parse_int_list, parse_str_list, preset_names,
 )
 
 

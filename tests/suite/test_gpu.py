@@ -29,7 +29,7 @@ def test_read_ceiling(ctx):
 def test_stub_is_checked_and_timed(ctx, monkeypatch):
     monkeypatch.setenv("FOSCAR_BENCH_TEST_BACKENDS", "1")
     from baselines.base import get_backend
-    from suite.cases import Case
+    from core.case import Case
     from suite.runner import measure
 
     b = get_backend("test-stub")
@@ -43,8 +43,8 @@ def test_stub_is_checked_and_timed(ctx, monkeypatch):
 
 def test_illegal_access_is_recorded_and_the_sweep_goes_on(tmp_path):
     from baselines.base import select_backends
-    from suite.cases import Case
-    from suite.store import ResultStore
+    from core.case import Case
+    from core.store import ResultStore
     from suite.sweep import SweepOptions, plan_items, run_sweep
 
     os.environ["FOSCAR_BENCH_TEST_BACKENDS"] = "1"
@@ -63,7 +63,7 @@ def test_illegal_access_is_recorded_and_the_sweep_goes_on(tmp_path):
 def test_flashinfer_backends_when_installed(ctx, name):
     pytest.importorskip("flashinfer")
     from baselines.base import get_backend
-    from suite.cases import Case
+    from core.case import Case
     from suite.runner import measure
 
     b = get_backend(name)

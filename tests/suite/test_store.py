@@ -4,7 +4,7 @@ import sqlite3
 
 import pytest
 
-from suite.store import SCHEMA_VERSION, ResultStore, config_hash
+from core.store import SCHEMA_VERSION, ResultStore, config_hash
 
 
 def _rec(**kw):
@@ -96,7 +96,7 @@ def test_records_of_all_runs(tmp_path):
 
 
 def test_git_state_from_environment_for_a_tree_without_git(monkeypatch):
-    from suite.store import git_state
+    from core.store import git_state
 
     monkeypatch.setenv("FOSCAR_GIT_SHA", "abc1234")
     monkeypatch.setenv("FOSCAR_GIT_DIRTY", "1")

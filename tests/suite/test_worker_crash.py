@@ -3,9 +3,9 @@ record; the sweep replaces the worker and the remaining cases still run."""
 import pytest
 
 from baselines.base import Unsupported, select_backends
-from suite.cases import Case
+from core.case import Case
 from suite.runner import classify
-from suite.store import ResultStore
+from core.store import ResultStore
 from suite.sweep import Item, SweepOptions, run_sweep
 
 

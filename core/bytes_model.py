@@ -141,7 +141,7 @@ def traffic(
 
 
 def traffic_for_case(case: Any, fmt: str, **kw: Any) -> Traffic:
-    """`traffic` for a suite.cases.Case."""
+    """`traffic` for a core.case.Case."""
     args = dict(
         batch=case.batch, kv_len=case.kv_len, num_q_heads=case.num_q_heads,
         num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, page_size=case.page_size,
