@@ -11,6 +11,11 @@ from __future__ import annotations
 from baselines.base import Backend, CompileError, GpuInfo, Prepared, SourceKV, Unsupported, register
 from core.case import Case
 
+# Relative L2 error against float64 over the same dequantized cache that our kernels (and
+# torch-ref) must stay under: bf16 rounding level (FOSCAR.md section 8). The one gate the
+# sweep, the kernel lab and docs/PERFORMANCE.md mean by "passed".
+TOLERANCE = 4e-3
+
 
 def _foscar():
     try:
@@ -39,7 +44,7 @@ def _torch_device(gpu: GpuInfo | None):
 class _Foscar(Backend):
     family = "foscar"
     quantized = True
-    tolerance = 4e-3  # FOSCAR.md section 8: bf16-rounding level against float64
+    tolerance = TOLERANCE
     kv_format = "int"
     variant = "fold"
 

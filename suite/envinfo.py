@@ -220,7 +220,3 @@ def visible_gpu_count() -> int:
     if n == 0 and nv is None:
         n = _torch_device_count()
     return n or 0
-
-
-def cuda_available_without_init() -> bool:
-    return visible_gpu_count() > 0

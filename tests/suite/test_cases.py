@@ -36,14 +36,14 @@ def test_presets_exist_and_load():
 def test_paper_expands_to_every_backend():
     cases = expand(make_spec("paper"))
     assert [(c.batch, c.kv_len, c.bits) for c in cases] == [(128, 32768, 4), (128, 32768, 2)]
-    items = pair(cases, select_backends(None, include_test=False))
+    items = pair(cases, select_backends(None))
     names = [b.name for _, b in items]
     # every backend appears; full-precision ones once, int ones per matching width
     assert names.count("flashinfer-bf16-tc") == 1
     assert names.count("trtllm-xqa-fp8") == 1
     assert names.count("torch-ref") == 2
     assert names.count("foscar-int4") == names.count("foscar-int2") == 1
-    assert set(names) == {b.name for b in select_backends(None, include_test=False)}
+    assert set(names) == {b.name for b in select_backends(None)}
     fi = next(c for c, b in items if b.name == "flashinfer-bf16-tc")
     assert (fi.bits, fi.k_mode, fi.group_size, fi.page_size) == (16, "none", 0, 64)
     ours = next(c for c, b in items if b.name == "foscar-int4")
@@ -84,7 +84,7 @@ def test_parse_lists():
 
 
 def test_pair_groups_by_shape_and_dedupes():
-    backends = select_backends(["flashinfer-bf16", "foscar-int4"], include_test=False)
+    backends = select_backends(["flashinfer-bf16", "foscar-int4"])
     cases = expand(make_spec(None, batch=[1, 2], kv_len=[1024], bits=[4, 2], group_size=[64, 128]))
     items = pair(cases, backends)
     # bf16 once per shape; foscar-int4 for each int4 group size

@@ -97,13 +97,13 @@ def test_bad_formats():
 
 
 def test_traffic_for_case_and_backend():
+    from baselines.base import get_backend
+
     case = Case(batch=128, kv_len=32768, bits=4, group_size=128)
     assert bm.traffic_for_case(case, "int").kv_codes == 4_294_967_296
-
-    class FakeBackend:
-        kv_format = "nvfp4"
-
-    assert bm.traffic_for(FakeBackend(), case).kv_params == 536_870_912
+    assert bm.traffic_for_case(case, "nvfp4").kv_params == 536_870_912
+    nvfp4 = get_backend("flashinfer-nvfp4-tc")  # its declared kv_format, through the base class
+    assert nvfp4.traffic(nvfp4.case_for(case)).kv_params == 536_870_912
 
 
 def test_peaks():
