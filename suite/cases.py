@@ -7,6 +7,7 @@ in presets and on the `sweep` command line, with nothing to change in this modul
 from __future__ import annotations
 
 import itertools
+import re
 import tomllib
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
@@ -80,21 +81,22 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
 
 
 def _toml_error(path: Path, exc: tomllib.TOMLDecodeError) -> str:
-    """tomllib's message with the offending line's text, which names the key."""
+    """tomllib's message with the key whose value it failed in: the last `key =` line at the
+    error, or before it when the parser only noticed at the start of the next line."""
     message = str(exc)
-    line_no = getattr(exc, "lineno", None)
-    if line_no is None and "line " in message:
-        try:
-            line_no = int(message.split("line ")[1].split(",")[0])
-        except ValueError:
-            line_no = None
-    if line_no:
-        try:
-            text = path.read_text(errors="replace").splitlines()[line_no - 1].strip()
-        except (OSError, IndexError):
-            text = ""
-        if text:
-            return f"{message}: {text!r}"
+    match = re.search(r"line (\d+), column (\d+)", message)
+    if not match:
+        return message
+    line_no, column = int(match.group(1)), int(match.group(2))
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return message
+    last = line_no - 1 if column == 1 else line_no
+    for i in range(min(last, len(lines)), 0, -1):
+        key = re.match(r"\s*([A-Za-z0-9_\-.\"]+)\s*=", lines[i - 1])
+        if key:
+            return f"{message}, in the value of {key.group(1)!r} (line {i})"
     return message
 
 

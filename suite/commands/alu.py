@@ -138,7 +138,9 @@ def register(app: typer.Typer) -> None:
         --batch 128 --kv-len 32768 --run RUN"""
         from rich.console import Console
 
+        from foscar.build import BuildError
         from suite.alu.sass import SassError
+        from suite.commands.common import fail
 
         console = Console(width=max(Console().width, 150))
         if not static and not backend:
@@ -151,6 +153,10 @@ def register(app: typer.Typer) -> None:
             except (SassError, OSError) as exc:
                 console.print(f"[red]static analysis failed:[/red] {exc}")
                 raise typer.Exit(1)
+            except BuildError as exc:
+                lines = str(exc).strip().splitlines() or [type(exc).__name__]
+                more = f" (`foscar-bench build --arch {arch}` shows the whole log)" if len(lines) > 1 else ""
+                fail(f"--arch {arch}: {lines[0]}{more}", 1)
             out["static"] = rows
             console.print(_static_table(rows))
             for r in rows:
