@@ -68,7 +68,7 @@ class Case:
             if self.k_mode != "none"
             else f"b{self.bits}"
         )
-        return f"{self.shape_key}-{quant}-p{self.page_size}-s{self.seed}{self._extra_key()}"
+        return f"{self.shape_key}-{quant}-p{self.page_size}-s{self.seed}{self.extra_key}"
 
     @property
     def shape_key(self) -> str:
@@ -78,7 +78,8 @@ class Case:
             f"-d{self.head_dim}"
         )
 
-    def _extra_key(self) -> str:
+    @property
+    def extra_key(self) -> str:
         """'-name<value>' for each field beyond the classic ones that is not at its default."""
         tail = ""
         for f in fields(self):

@@ -139,7 +139,7 @@ def main() -> int:
     cases = {spec: make_case(args, spec) for spec in specs}  # a bad config fails before any build
 
     from baselines.foscar import FoscarVariant
-    from suite.runner import measure, release_source
+    from suite.runner import measure
     from suite.worker import make_context
 
     libs = build_variants(variants)
@@ -163,7 +163,6 @@ def main() -> int:
                     print(f"{spec} {backend.name}: {record.status.upper()}: {record.reason}", flush=True)
                 if fatal:
                     raise SystemExit(f"{spec} {backend.name} left the CUDA context unusable; stopping.")
-        release_source(ctx)
     if not args.profile:
         print_table(rows)
     if args.json:

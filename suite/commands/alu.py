@@ -224,12 +224,18 @@ def _static_for(backend: Any, case: Any, arch: str, console: Any) -> float | Non
 
 
 def _store(db: Path, run: str, res: dict, console: Any, result_cls: Any) -> None:
-    from core.store import ResultStore
+    from core.store import ResultStore, StoreError
+    from suite.commands.common import fail
 
     fields = result_cls(**{k: res[k] for k in result_cls.__dataclass_fields__}).store_fields()
     fields["alu_static_per_elem"] = res.get("alu_static_per_elem")
-    with ResultStore(db) as store:
-        changed = store.update_record(run, res["case_key"], res["backend"], **fields)
+    if not db.is_file():
+        fail(f"--db {db} does not exist; sweep run {run} into it first, or pass the --db it went to.")
+    try:
+        with ResultStore(db) as store:
+            changed = store.update_record(run, res["case_key"], res["backend"], **fields)
+    except StoreError as exc:
+        fail(str(exc))
     if not changed:
         console.print(f"  [yellow]run {run} has no record of {res['backend']} on {res['case_key']}; "
                       "sweep it first (figures not stored).[/yellow]")

@@ -201,7 +201,7 @@ def _print_items(console, items, done: set[str]) -> None:
     for it in items:
         c = it.case
         fmt = (f"int{c.bits} g{c.group_size} k{c.k_mode[0]}v{c.v_mode[0]}" if c.k_mode != "none"
-               else {16: "bf16", 8: "fp8", 4: "fp4"}.get(c.bits, str(c.bits)))
+               else {16: "bf16", 8: "fp8", 4: "fp4"}.get(c.bits, str(c.bits))) + c.extra_key.replace("-", " ")
         table.add_row(str(it.item_id), it.backend.name, str(c.batch), str(c.kv_len),
                       f"{c.num_q_heads}/{c.num_kv_heads}", str(c.head_dim), fmt, str(c.page_size),
                       "yes" if it.key in done else "")

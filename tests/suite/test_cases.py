@@ -92,3 +92,18 @@ def test_pair_groups_by_shape_and_dedupes():
     assert sum(b.name == "foscar-int4" for _, b in items) == 4
     shapes = [c.shape_key for c, _ in items]
     assert shapes == sorted(shapes)
+
+
+def test_every_case_field_is_a_sweep_axis_a_preset_key_and_a_column():
+    from dataclasses import fields
+
+    from core.case import SHAPE_FIELDS, axes
+    from core.record import COLUMNS
+    from suite.cases import preset_keys
+
+    for f in fields(Case):
+        assert f.name in COLUMNS
+        if f.name not in SHAPE_FIELDS:
+            assert f.name in axes() and f.name in preset_keys()
+    spec = make_spec(None, batch=[1], kv_len=[64], seed=[0, 1], page_size=[64, 128])
+    assert {(c.seed, c.page_size) for c in expand(spec)} >= {(0, 64), (1, 128)}
