@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.store import DEFAULT_DB, ResultStore, StoreError
+
 BUNDLED_DB = Path(__file__).parent / "data" / "bundled.sqlite"
 NUMERIC = (
     "bits", "batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim", "group_size",
@@ -36,8 +38,6 @@ class Results:
 
 
 def default_db() -> Path:
-    from core.store import DEFAULT_DB
-
     return Path(DEFAULT_DB)
 
 
@@ -96,8 +96,6 @@ def open_store(db: str | Path) -> Results:
 
 
 def _read(path: Path, immutable: bool) -> Results:
-    from core.store import ResultStore, StoreError
-
     try:
         with ResultStore(path, readonly=True, immutable=immutable) as store:
             return from_frames(store.records(), store.runs(), db=str(path))
