@@ -32,24 +32,16 @@ _KNOWN = (
     ("foscar-dequant-int2", "FOSCAR dequant-then-attend INT2", "#fdd0a2"),
     ("foscar-int4", "FOSCAR INT4 (ours)", "#de2d26"),
     ("foscar-int2", "FOSCAR INT2 (ours)", "#a50f15"),
-    # v2's all-fp16 experiment (removed in v4); labels kept for its records in bundled stores.
-    ("foscar-dequant-int4-fp16", "FOSCAR dequant INT4, fp16 operands (exp.)", "#fee6ce"),
-    ("foscar-dequant-int2-fp16", "FOSCAR dequant INT2, fp16 operands (exp.)", "#fff5eb"),
-    ("foscar-int4-fp16", "FOSCAR INT4, fp16 operands (exp.)", "#fb6a4a"),
-    ("foscar-int2-fp16", "FOSCAR INT2, fp16 operands (exp.)", "#fc9272"),
 )
-# Names used in earlier plans, shown like the backend they became.
-_ALIASES = {"flashinfer-bf16-cuda": "flashinfer-bf16", "flashinfer-nvfp4": "flashinfer-nvfp4-tc"}
 _BY_NAME = {name: BackendInfo(name, label, color, i) for i, (name, label, color) in enumerate(_KNOWN)}
 _SPARE_COLORS = ("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#9467bd", "#ff7f0e")
 
 
 def info(name: str) -> BackendInfo:
+    """A registered backend's label, colour and order; any other name (a removed backend
+    in an older store) as itself, in a spare colour, after the known ones."""
     if name in _BY_NAME:
         return _BY_NAME[name]
-    if name in _ALIASES:
-        known = _BY_NAME[_ALIASES[name]]
-        return BackendInfo(name, known.label, known.color, known.order)
     color = _SPARE_COLORS[sum(map(ord, name)) % len(_SPARE_COLORS)]
     return BackendInfo(name, name, color, 100)
 

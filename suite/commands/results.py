@@ -30,10 +30,19 @@ def _clean(value):
 
 
 def record_dicts(df) -> list[dict]:
-    """Records as plain dicts: core fields first, then the rest, extra_json unpacked."""
+    """Records as plain dicts: core fields first, then the rest, JSON columns and
+    extra_json unpacked."""
+    from core.record import JSON_COLUMNS
+
     rows = []
     for rec in df.to_dict(orient="records"):
         extra = rec.pop("extra_json", None)
+        for k in JSON_COLUMNS:
+            if isinstance(rec.get(k), str):
+                try:
+                    rec[k] = json.loads(rec[k])
+                except ValueError:
+                    pass
         out = {k: _clean(rec.get(k)) for k in CORE_FIELDS}
         for k, v in rec.items():
             if k not in out:
@@ -65,14 +74,17 @@ def register(app: typer.Typer) -> None:
         import pandas as pd
         from rich.console import Console
 
-        from suite.store import ResultStore
+        from core.store import ResultStore, StoreError
+        from suite.commands.common import fail, output_file
         from suite.summary import summary_table
 
         console = Console()
-        if not db.exists():
-            console.print(f"[red]{db} does not exist; run `foscar-bench sweep --db {db}` first, or pass --db.")
-            raise typer.Exit(2)
-        store = ResultStore(db)
+        output_file("--csv", csv)
+        output_file("--parquet", parquet)
+        try:
+            store = ResultStore(db, readonly=True)
+        except StoreError as exc:
+            fail(str(exc))
         if runs:
             df = store.runs()
             if as_json:
@@ -84,11 +96,9 @@ def register(app: typer.Typer) -> None:
             return
         run_id = None if all_runs else (run or store.latest_run())
         if not all_runs and run_id is None:
-            console.print(f"[yellow]{db} holds no runs yet.")
-            raise typer.Exit(1)
+            fail(f"{db} holds no runs yet; `foscar-bench sweep --db {db}` adds one.", 1)
         if run_id is not None and not store.has_run(run_id):
-            console.print(f"[red]run {run_id!r} is not in {db}; `foscar-bench results --runs` lists them.")
-            raise typer.Exit(2)
+            fail(f"run {run_id!r} is not in {db}; `foscar-bench results --runs --db {db}` lists them.")
         df = store.records(run_id)
         if status:
             df = df[df["status"].isin([s.strip() for s in status.split(",")])]
@@ -100,16 +110,18 @@ def register(app: typer.Typer) -> None:
             for col in flat.columns:  # lists/dicts from extra_json as JSON text
                 if flat[col].map(lambda v: isinstance(v, (list, dict))).any():
                     flat[col] = flat[col].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
-            if csv:
-                flat.to_csv(csv, index=False)
-                console.print(f"wrote {len(flat)} records to {csv}")
-            if parquet:
-                try:
-                    flat.to_parquet(parquet, index=False)
-                except ImportError as exc:
-                    console.print(f"[red]Parquet needs pyarrow ({exc}); `pip install pyarrow`.")
-                    raise typer.Exit(2)
-                console.print(f"wrote {len(flat)} records to {parquet}")
+            try:
+                if csv:
+                    flat.to_csv(csv, index=False)
+                    console.print(f"wrote {len(flat)} records to {csv}")
+                if parquet:
+                    try:
+                        flat.to_parquet(parquet, index=False)
+                    except ImportError as exc:
+                        fail(f"--parquet {parquet}: Parquet needs pyarrow ({exc}); `pip install pyarrow`.")
+                    console.print(f"wrote {len(flat)} records to {parquet}")
+            except OSError as exc:
+                fail(f"{exc.filename or csv or parquet} cannot be written ({exc.strerror or exc}); pick a writable path.")
         if as_json:
             for r in rows:
                 typer.echo(json.dumps(r, default=str))

@@ -64,7 +64,7 @@ def test_status_loss_fails_the_gate(fixture_store, tmp_path):
     from reports_fixture import _record, BACKENDS  # noqa: F401
     import random
 
-    from suite.store import ResultStore
+    from core.store import ResultStore
 
     db = tmp_path / "s.sqlite"
     with ResultStore(db) as store:
