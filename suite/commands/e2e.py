@@ -124,20 +124,18 @@ def register(app: typer.Typer) -> None:
         device = torch.device("cpu") if cpu else torch.device("cuda", torch.cuda.current_device())
         try:
             records, run_id = _run(shape, layers, chosen, batches, kv_lens, steps, grid, capacity, check,
-                                   budget_gb, seed, db, device, echo)
+                                   budget_gb, seed, db, json_out, device, echo)
         except InputError as exc:
             typer.echo(str(exc), err=True)
             raise typer.Exit(2)
-        if json_out is not None:
-            json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(json.dumps({"run_id": run_id, "records": records}, indent=1, default=str))
         _summary(records, echo)
         typer.echo(f"e2e run {run_id}: {len(records)} records in {db}"
                    + (f" and {json_out}" if json_out else "") + "; `foscar-bench report --db "
                    f"{db}` shows them.")
 
 
-def _run(shape, layers, chosen, batches, kv_lens, steps, grid, capacity, check, budget_gb, seed, db, device, echo):
+def _run(shape, layers, chosen, batches, kv_lens, steps, grid, capacity, check, budget_gb, seed, db, json_out,
+         device, echo):
     import torch
 
     from suite.e2e import bench as B
@@ -159,10 +157,11 @@ def _run(shape, layers, chosen, batches, kv_lens, steps, grid, capacity, check, 
     run_id = store.start_run(argv=sys.argv, config=config, env=collect(use_torch=device.type == "cuda"))
     records: list[dict] = []
     plan = ([("check", b, None, None) for b in chosen] if check else [])
-    if grid:
-        plan += [("grid", b, n, kv) for kv in kv_lens for n in batches for b in chosen]
+    # Capacity before the grid: if a time limit cuts the run, the serving question is answered first.
     if capacity:
         plan += [("capacity", b, None, kv) for kv in kv_lens for b in chosen]
+    if grid:
+        plan += [("grid", b, n, kv) for kv in kv_lens for n in batches for b in chosen]
     budget = None
     for i, (mode, backend, n, kv) in enumerate(plan, start=1):
         if mode != "check" and budget is None:
@@ -177,6 +176,10 @@ def _run(shape, layers, chosen, batches, kv_lens, steps, grid, capacity, check, 
             rec = B.capacity(bench, backend, kv, steps, budget)
         store.add(run_id, rec)
         records.append(rec)
+        if json_out is not None:  # rewritten after every point: a run cut short leaves what it measured
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps({"run_id": run_id, "config": config, "records": records}, indent=1,
+                                           default=str))
         echo(f"[{i}/{len(plan)}] {_line(rec)} ({time.time() - t:.1f} s)")
     store.close()
     return records, run_id

@@ -173,9 +173,9 @@ def test_cpu_run_writes_store_and_json(tmp_path, monkeypatch):
         "--steps", "1", "--no-check", "--budget-gb", "0.001", "--db", str(db), "--json", str(out)])
     assert result.exit_code == 0, result.output
     records = json.loads(out.read_text())["records"]
-    assert [r["mode"] for r in records] == ["grid", "capacity"]
+    assert [r["mode"] for r in records] == ["capacity", "grid"]
     assert all(r["status"] == "passed" for r in records), records
-    assert "[2/2] capacity foscar-int4" in result.output and "tok/s" in result.output
+    assert "[1/2] capacity foscar-int4" in result.output and "tok/s" in result.output
     assert "decode-only and synthetic" in result.output
     tables = read_tables(db)
     assert len(tables.runs) == 1 and len(tables.records) == 2
