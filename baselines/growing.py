@@ -12,8 +12,8 @@ the lengths from the device).
 One `GrowingKV` holds every layer of one batch. All layers share the lengths (and, where the
 format has one, the page table), since they grow together. Per step:
 
-    kv.plan()                     # host: what the step's attention needs planned (FlashInfer)
     flush = kv.flush_due()        # host: FOSCAR's BF16 tail completes a group this step
+    kv.plan()                     # host: what the step's attention needs planned (FlashInfer)
     kv.begin_step(flush)          # device: lengths + 1
     kv.append(layer, k, v, flush) # device, per layer: the new token in the format
     kv.attend(layer, q, out)      # device, per layer: attention over the whole cache
@@ -184,8 +184,9 @@ class FlashInferKV(_Pages):
         pages = (lens + self.page - 1) // self.page
         indptr = torch.zeros(self.batch + 1, dtype=torch.int32)
         indptr[1:] = torch.cumsum(pages, 0)
-        first = torch.arange(self.batch) * self.pages_per_seq
-        indices = torch.cat([torch.arange(int(p)) + int(f) for f, p in zip(first, pages)]).int()
+        # Sequence b's pages are b * pages_per_seq onwards (the layout of paged_view).
+        starts = torch.arange(self.batch) * self.pages_per_seq - indptr[:-1].long()
+        indices = (torch.arange(int(indptr[-1])) + torch.repeat_interleave(starts, pages)).int()
         last = (lens - (pages - 1) * self.page).int()
         call_with_supported(
             self.wrapper.plan, indptr, indices, last,
