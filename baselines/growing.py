@@ -148,14 +148,14 @@ class FlashInferKV(_Pages):
             k = first_k if layer == 0 else first_k.clone()
             v = first_v if layer == 0 else first_v.clone()
             fmt = backend.convert(case, SourceKV(q=source.q, k=k, v=v, seq_lens=self.seq_lens, sm_scale=self.sm_scale))
-            pages = fmt["kv"]
+            pages = _part(fmt, "kv")
             if pages[0].data_ptr() != k.data_ptr() or pages[1].data_ptr() != v.data_ptr():
                 raise Unsupported(f"{backend.name}'s pages are not views of the K/V buffers; appends would not reach them.")
             self.k_bufs.append(k)
             self.v_bufs.append(v)
             self.kv.append(pages)
-            self.run_kwargs.append(fmt["run_kwargs"])
-        self.kv_dtype = fmt["kv_dtype"]
+            self.run_kwargs.append(_part(fmt, "run_kwargs"))
+        self.kv_dtype = _part(fmt, "kv_dtype")
         self.pages_per_seq = self.capacity // self.page
         int_buf = dict(dtype=torch.int32, device=self.device)
         kwargs: dict[str, Any] = dict(
@@ -217,6 +217,11 @@ class FlashInferKV(_Pages):
 
     def nbytes(self):
         return sum(b.nbytes for b in self.k_bufs + self.v_bufs)
+
+
+def _part(fmt: Any, name: str) -> Any:
+    """A field of the adapter's converted format, a dict today (a dataclass may replace it)."""
+    return fmt[name] if isinstance(fmt, dict) else getattr(fmt, name)
 
 
 def _fp8_encode(x: torch.Tensor, scale: float) -> torch.Tensor:

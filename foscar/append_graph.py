@@ -114,8 +114,8 @@ class GraphAppender:
                 f"max_len={max_len} is shorter than the longest sequence ({int(self.host_lens.max())}); "
                 "expected room to grow.")
         self.layouts = {kind: _Layout(cfg.bits, kind, self.head_dim, device) for kind in packing.KINDS}
-        words_per_page = first.k_codes[0, 0].numel()
         for kind, layout in self.layouts.items():
+            words_per_page = getattr(first, f"{kind}_codes")[0, 0].numel()  # one page, one head
             if self.page % layout.block_tokens or words_per_page != self.page // layout.block_tokens * layout.words:
                 raise ValueError(
                     f"a page of {self.page} tokens holds {words_per_page} words per head, which is not "
