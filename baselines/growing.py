@@ -99,6 +99,11 @@ class GrowingKV:
         """Device bytes one sequence of max_len tokens takes in this format, over all layers."""
         raise NotImplementedError
 
+    @classmethod
+    def step_bytes_per_sequence(cls, case: Case) -> int:
+        """Transient device bytes the append takes per sequence during a step (one layer at a time)."""
+        return 0
+
 
 class _Pages(GrowingKV):
     """K and V as [batch, capacity, heads, d] buffers, each sequence's pages contiguous (the
@@ -354,6 +359,13 @@ class FoscarKV(GrowingKV):
         return (codes + params + tails + 4 * pages) * num_layers
 
 
+    @classmethod
+    def step_bytes_per_sequence(cls, case):
+        # The flush quantizes a whole tail group (K, then V): float32 values and their
+        # differences, uint8 codes twice, int32 slots and shifted slots: about 20 bytes a value.
+        return 24 * case.num_kv_heads * case.group_size * case.head_dim
+
+
 def _clone_cache(cache):
     """A copy of a QuantizedKVCache's data (codes, parameters, tails); lengths and page table are
     shared by GraphAppender anyway."""
@@ -392,4 +404,6 @@ def grow(backend: Backend, case: Case, source: SourceKV, num_layers: int, max_le
 
 
 def bytes_per_sequence(backend: Backend, case: Case, max_len: int, num_layers: int) -> int:
-    return grower_for(backend).bytes_per_sequence(case, max_len, num_layers)
+    """Cache bytes of one sequence in the backend's format (every layer), plus the append's transient."""
+    grower = grower_for(backend)
+    return grower.bytes_per_sequence(case, max_len, num_layers) + grower.step_bytes_per_sequence(case)

@@ -81,9 +81,8 @@ class _Layout:
                 f"block_tokens({kind!r}) * head_dim = {self.block_tokens * head_dim}; the two must agree.")
         self.token = (positions // head_dim).to(device)  # token inside the block
         self.channel = (positions % head_dim).to(device)
-        per_half = positions.shape[-1]
-        shift = torch.arange(2)[:, None] * 16 + torch.arange(per_half)[None, :] * bits
-        self.shift = shift.to(device=device, dtype=torch.int64)
+        # bit offset of position k inside its 16-bit half
+        self.shift = (torch.arange(positions.shape[-1]) * bits).to(device=device, dtype=torch.int32)
 
 
 class GraphAppender:
@@ -252,14 +251,17 @@ class GraphAppender:
         offset = (slot % bt)[:, None, None, None, None]
         block = torch.arange(n_blocks, device=slot.device)[None, :, None, None, None]
         token = block * bt + layout.token[None, None] - offset  # [B, blocks, words, 2, P]
-        valid = (token >= 0) & (token < tokens)
         index = (token.clamp(0, tokens - 1) * dim + layout.channel).view(self.batch, 1, -1)
         flat = codes.permute(0, 2, 1, 3).reshape(self.batch, self.heads, -1)
-        gathered = flat.gather(2, index.expand(-1, self.heads, -1)).view(
-            self.batch, self.heads, n_blocks, layout.words, 2, -1).long()
-        gathered = gathered * valid[:, None].long()
-        value = (gathered << layout.shift).sum(dim=(-2, -1))  # [B, H, blocks, words], < 2^32
-        value = torch.where(value >= 1 << 31, value - (1 << 32), value).to(torch.int32)
+        slots = flat.gather(2, index.expand(-1, self.heads, -1))  # uint8, one per (block, word, half, position)
+        if tokens < bt:  # part of a block: the slots of other tokens contribute 0
+            slots = slots * ((token >= 0) & (token < tokens)).view(self.batch, 1, -1)
+        slots = slots.view(self.batch, self.heads, n_blocks, layout.words, 2, -1).to(torch.int32)
+        # Each 16-bit half first (< 2^16), then high * 2^16 + low with the high half made signed,
+        # so every step stays inside int32 (4 bytes per code: this runs on whole batches).
+        halves = (slots << layout.shift).sum(dim=-1, dtype=torch.int32)
+        low, high = halves[..., 0], halves[..., 1]
+        value = (high - ((high >> 15) << 16)) * 65536 + low  # [B, H, blocks, words]
         words = getattr(cache, f"{kind}_codes").view(cache.num_pages, self.heads, -1)
         first_word = (slot // bt) * layout.words
         word = (first_word[:, None] + torch.arange(n_blocks * layout.words, device=slot.device))
