@@ -43,8 +43,10 @@ class GrowingKV:
 
     flush_period: int | None = None  # steps between flushes when all lengths are equal
 
-    def __init__(self, backend: Backend, case: Case, source: SourceKV, num_layers: int, max_len: int):
+    def __init__(self, backend: Backend, case: Case, source: SourceKV, num_layers: int, max_len: int,
+                 release_source: bool = False):
         self.backend, self.case, self.num_layers, self.max_len = backend, case, num_layers, max_len
+        self.release_source = release_source
         self.sm_scale = source.sm_scale
         self.device = source.k.device
         self.batch, self.prefix_len, self.num_kv_heads, self.head_dim = source.k.shape
@@ -52,6 +54,12 @@ class GrowingKV:
         if int(self.host_lens.max()) > max_len:
             raise ValueError(f"max_len={max_len} is shorter than the prefix ({int(self.host_lens.max())} tokens).")
         self.rows = torch.arange(self.batch, device=self.device)
+
+    def _consumed(self, source: SourceKV) -> None:
+        """Layer 0 holds the prefix now: let the source's K and V go before the other layers are
+        copied (at capacity the BF16 source is several layers' worth of a low-bit cache)."""
+        if self.release_source:
+            source.k = source.v = None
 
     # --- host ---------------------------------------------------------------------------
     def plan(self) -> None:
@@ -111,8 +119,8 @@ class _Pages(GrowingKV):
 
     elem_bytes = 2
 
-    def __init__(self, backend, case, source, num_layers, max_len):
-        super().__init__(backend, case, source, num_layers, max_len)
+    def __init__(self, backend, case, source, num_layers, max_len, release_source=False):
+        super().__init__(backend, case, source, num_layers, max_len, release_source)
         self.page = case.page_size
         self.capacity = _round_up(max_len, self.page)
         self.seq_lens = source.seq_lens.to(device=self.device, dtype=torch.int32).clone()
@@ -135,19 +143,20 @@ class FlashInferKV(_Pages):
     """BF16 pages (the backend's `convert`), FlashInfer's paged decode wrapper in CUDA-graph mode:
     its buffers are fixed, and `plan` (host) refreshes them for the next step's lengths."""
 
-    def __init__(self, backend, case, source, num_layers, max_len):
+    def __init__(self, backend, case, source, num_layers, max_len, release_source=False):
         import flashinfer
 
         from baselines._paging import shared_workspace
         from baselines.flashinfer_decode import WORKSPACE_BYTES
 
-        super().__init__(backend, case, source, num_layers, max_len)
+        super().__init__(backend, case, source, num_layers, max_len, release_source)
         if backend.kv_format != "bf16":
             raise Unsupported(f"{backend.name}: the growing cache is written for BF16 pages only.")
         shape = (self.batch, self.capacity, self.num_kv_heads, self.head_dim)
         first_k = torch.zeros(shape, dtype=source.k.dtype, device=self.device)
         first_v = torch.zeros_like(first_k)
         first_k[:, : self.prefix_len], first_v[:, : self.prefix_len] = source.k, source.v
+        self._consumed(source)
         self.k_bufs, self.v_bufs, self.kv, self.run_kwargs = [], [], [], []
         for layer in range(num_layers):
             k = first_k if layer == 0 else first_k.clone()
@@ -243,21 +252,22 @@ class XqaKV(_Pages):
 
     elem_bytes = 1
 
-    def __init__(self, backend, case, source, num_layers, max_len):
+    def __init__(self, backend, case, source, num_layers, max_len, release_source=False):
         from baselines._paging import fp8_quantize, page_table, paged_view, shared_workspace
         from baselines.trtllm import WORKSPACE_BYTES, XQA_SEMAPHORE_BYTES, _xqa_fn
 
-        super().__init__(backend, case, source, num_layers, max_len)
+        super().__init__(backend, case, source, num_layers, max_len, release_source)
         self.xqa = _xqa_fn()
         shape = (self.batch, self.capacity, self.num_kv_heads, self.head_dim)
         bufs = []
-        for x in (source.k, source.v):
-            head, scale = fp8_quantize(x)
+        for name in ("k", "v"):
+            head, scale = fp8_quantize(getattr(source, name))  # the adapter's quantizer: scale = amax / 448
             buf = torch.zeros(shape, dtype=torch.float8_e4m3fn, device=self.device)
             buf[:, : self.prefix_len] = head
             bufs.append((buf, scale))
             del head
         (first_k, self.k_scale), (first_v, self.v_scale) = bufs
+        self._consumed(source)
         self.k_bufs = [first_k] + [first_k.clone() for _ in range(num_layers - 1)]
         self.v_bufs = [first_v] + [first_v.clone() for _ in range(num_layers - 1)]
         self.kv = [(paged_view(k, self.page), paged_view(v, self.page)) for k, v in zip(self.k_bufs, self.v_bufs)]
@@ -294,16 +304,17 @@ class FoscarKV(GrowingKV):
     """Our quantized pages and BF16 tail (docs/FORMAT.md), grown by foscar.append_graph; the kernel
     reads the lengths from the device. On a CPU the kernels run in the emulator (foscar.emu)."""
 
-    def __init__(self, backend, case, source, num_layers, max_len):
+    def __init__(self, backend, case, source, num_layers, max_len, release_source=False):
         import foscar
         from foscar.append_graph import GraphAppender, pages_to_reserve
 
         from baselines.foscar import quant_config
 
-        super().__init__(backend, case, source, num_layers, max_len)
+        super().__init__(backend, case, source, num_layers, max_len, release_source)
         config = quant_config(case)
         extra = pages_to_reserve(config, self.host_lens, max_len)
         first = foscar.quantize(source.k, source.v, source.seq_lens, config, extra_pages=extra)
+        self._consumed(source)
         caches = [first] + [_clone_cache(first) for _ in range(num_layers - 1)]
         self.appender = GraphAppender(caches, max_len)
         self.caches = caches
@@ -394,13 +405,15 @@ def grower_for(backend: Backend) -> type[GrowingKV]:
     return GROWERS[key]
 
 
-def grow(backend: Backend, case: Case, source: SourceKV, num_layers: int, max_len: int) -> GrowingKV:
+def grow(backend: Backend, case: Case, source: SourceKV, num_layers: int, max_len: int, *,
+         release_source: bool = False) -> GrowingKV:
     """num_layers caches in `backend`'s format for `case` (run `backend.case_for` first), filled
     with `source`'s prefix (k, v [batch, prefix, heads, d] BF16; seq_lens int32 [batch]) and
-    with room for max_len tokens per sequence."""
+    with room for max_len tokens per sequence. release_source=True sets source.k and source.v
+    to None once the first layer holds them, so their memory is free for the other layers."""
     if num_layers < 1:
         raise ValueError(f"num_layers={num_layers} must be at least 1.")
-    return grower_for(backend)(backend, case, source, num_layers, max_len)
+    return grower_for(backend)(backend, case, source, num_layers, max_len, release_source)
 
 
 def bytes_per_sequence(backend: Backend, case: Case, max_len: int, num_layers: int) -> int:

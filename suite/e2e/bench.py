@@ -98,7 +98,7 @@ def prefix_source(case: Case, prefix_len: int, device: torch.device, seed: int) 
 
 def build(bench: Bench, backend: Backend, case: Case, prefix_len: int, max_len: int, seed: int) -> Decoder:
     source = prefix_source(case, prefix_len, bench.device, seed)
-    kv = grow(backend, case, source, bench.shape.num_layers, max_len)
+    kv = grow(backend, case, source, bench.shape.num_layers, max_len, release_source=True)
     del source
     gen = torch.Generator(device=bench.device).manual_seed(seed + 1)
     first = torch.randint(0, bench.shape.vocab, (case.batch,), generator=gen, device=bench.device)

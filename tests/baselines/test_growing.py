@@ -188,7 +188,9 @@ def test_foscar_grows_through_a_flush_in_the_emulator(rng, name):
 def test_bytes_per_sequence_matches_what_is_allocated(rng, fake_flashinfer, name):
     batch, prefix, max_len = 3, 300, 340
     backend, case = case_for(name, batch, prefix)
-    kv = grow(backend, case, source(rng, batch, prefix), num_layers=2, max_len=max_len)
+    src = source(rng, batch, prefix)
+    kv = grow(backend, case, src, num_layers=2, max_len=max_len, release_source=True)
+    assert src.k is None and src.v is None  # let go once layer 0 held them
     estimate = batch * type(kv).bytes_per_sequence(case, max_len, 2)
     # FOSCAR also holds one scratch page per layer beyond the sequences' own
     assert estimate <= kv.nbytes() <= estimate * 1.1
