@@ -22,7 +22,6 @@ step. Token-wise-only caches have no tail: every step quantizes its token into i
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
