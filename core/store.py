@@ -85,7 +85,7 @@ class ResultStore:
         self.readonly = readonly
         try:
             if readonly:
-                self.conn = _connect_readonly(self.path, immutable)
+                self.conn = connect_readonly(self.path, immutable)
                 self._check_version()
             else:
                 if str(self.path) != ":memory:":
@@ -302,7 +302,7 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and value != value)
 
 
-def _connect_readonly(path: Path, immutable: bool) -> sqlite3.Connection:
+def connect_readonly(path: Path, immutable: bool) -> sqlite3.Connection:
     """A read-only connection that leaves the folder as it found it.
 
     With no -wal file beside it, no writer has the file open and every commit is in the
