@@ -982,16 +982,13 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       ks.issue(s, L, a);
       wgmma_commit();
 
-      // O^T = V^T P^T operands; one wait covers this chunk's S and the previous chunk's PV
-      // (ptxas serializes every wgmma of a loop that reads an accumulator after a partial wait).
+      wgmma_wait<0>();
+      pin_accumulators(ks.acc);
+      // O^T = V^T P^T operands.
       uint32_t av[4][2][4];
       if constexpr (T::DEQ) vs.load_params(L, v_par);
       vs.operands(st + T::kCodeBytes, L, av);
       pin_operands(av);
-      wgmma_wait<0>();
-      pin_accumulators(ks.acc);
-      pin_accumulators(vs.raw);
-      vs.after_pv(false);
       // The scores need this chunk's K params, P~ its V params: keep the stage until then.
       float x[4];
       ks.scores(s, L, k_par, x);
@@ -1017,9 +1014,13 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       wgmma_fence();
       vs.issue(s, L, av);
       wgmma_commit();
+      // The chunk's PV completes before the next chunk can touch its registers: ptxas does not
+      // keep a wgmma's A operands (or accumulators) from being reused across a loop's back edge,
+      // and a wait that reaches into the next iteration makes it serialize every wgmma.
+      wgmma_wait<0>();
+      pin_accumulators(vs.raw);
+      vs.after_pv(false);
     }
-    wgmma_wait<0>();
-    pin_accumulators(vs.raw);
     vs.after_pv(true);
 
     if constexpr (T::kHasTail) {
