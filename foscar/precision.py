@@ -245,8 +245,9 @@ def _dequant(codes: torch.Tensor, params: torch.Tensor, mode: str, group: int) -
     s, z = _params(params, mode, group, n, dim)
     return codes.numpy().astype(np.float64) * s + z
 
-# The arithmetic of the kernels in foscar/csrc (v5): V codes centred in the operand,
-# f (c - mid), by one HADD2 per register after the injection; a work item's consecutive
-# 64-token chunks share one accumulator, folded every 8 chunks.
-V5 = VArithmetic("v5: bf16 f (c - mid), flushed every 8 chunks", centred=True, chains=sequential_chains(512))
+# The arithmetic of the kernels in foscar/csrc (v5): V operands bf16 128 + f c as injected;
+# each 64-token chunk's PV chain starts from zero and is folded into the fp32 output when it
+# completes (a channel-wise chunk of two 32-token groups keeps one chain per group), and the
+# bias leaves through a sum of p apart.
+V5 = VArithmetic("v5: bf16 128 + f c, one chain per 64-token chunk", centred=False, chains=sequential_chains(64))
 CURRENT = V5

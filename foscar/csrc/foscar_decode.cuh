@@ -13,16 +13,18 @@
 // V mode) is a pair of policy types below:
 //   KFoldToken   : accumulator fold per channel group,  score = s (acc - 1024 q'/f) + z sum q
 //   KFoldChannel : operand fold, Q~ = q s / f rebuilt in shared memory once per token group
-//   VFoldToken   : operand fold, P~ = p s; V codes centred as f (c - mid), offsets summed apart
-//   VFoldChannel : accumulator fold, the group's accumulator folded with s / f and z at its end
+//   VFoldToken   : operand fold, P~ = p s; offsets and the bias summed apart per (group, head)
+//   VFoldChannel : accumulator fold, each chunk's accumulator folded with s / f, z at the group's end
 // and the dequantize-first ablation is KDequant / VDequant: the same data path, with every
 // element turned into s c + z before the MMA.
 //
 // Precision (docs/PERFORMANCE.md, "v5"): the Tensor Cores cut every addend towards zero at the
 // alignment of the largest (foscar/tcmodel.py), so an accumulator fed with biased operands
-// (128 + f c, positive probabilities) loses a part of the signal of one sign that grows with the
-// context. The V operands are therefore centred (128 + f c - (128 + f mid) = f (c - mid), exact in
-// bf16, one HSUB2 per register) before they meet the positive P.
+// (128 + f c, positive probabilities) loses a part of the signal of one sign, in proportion to
+// how many MMAs it chains. v4 chained 32 and failed past 32K tokens; here every chunk's PV chain
+// (4 k-steps) starts from zero and is folded into the fp32 output when it completes, which keeps
+// that loss far below rounding at every context length (foscar/precision.py models it), and the
+// bias 128 leaves through one p-sum per (group, head) instead of one HSUB2 per register.
 #pragma once
 
 #include <math.h>
@@ -100,9 +102,6 @@ constexpr float kNegInf = -INFINITY;
 // A score may exceed the running maximum by this much (log2 units, p <= 2^8) before the state is
 // rescaled: after the first chunks a rescale is rare, and the common chunk needs no exchange.
 constexpr float kLazyMax = 8.0f;
-// Token-wise V folds its accumulator into the fp32 output every this many chunks: with centred
-// operands the chain's cut errors are of random sign, and 32 MMAs keep them far below rounding.
-constexpr int kFlushChunks = 8;
 // Stands in for a zero scale (a constant group, codes all 0: docs/FORMAT.md) where a fold divides.
 constexpr float kZeroScaleStandIn = 1.0f;
 
@@ -155,7 +154,8 @@ struct SharedStorage {
   alignas(128) uint8_t p_tile[kPTiles][4][kBTileBytes];  // bf16 P (or P~) per k-step of O
   float q32[kN][kD];                                      // the query heads; zero rows past ratio
   float kconst[T::KCH ? T::kGroupsT : T::kGroupsD][kN][4];  // per (group, head) constants of the K fold
-  float red[4][kN][8];  // [warp][head][slot]: 0 max, 1 group p-sum, 2 denominator, 3.. offsets
+  float2 kchan[T::KCH && !T::DEQ ? T::kGroupsT : 1][kD];   // channel-wise K: (s, f z / s - 1024) per channel
+  float red[4][kN][12];  // [warp][head][slot]: 0 max, 1 group p-sum, 2 denominator, 3.. offsets, 7.. p~ sums
   uint64_t full[T::kStages], empty[T::kStages];
   int last_split;
 };
@@ -325,14 +325,16 @@ struct KFoldToken {
       for (int gk = 0; gk < kAcc; ++gk) c1[gk][hh] = s.kconst[gk][2 * L.t + hh][0], c2[gk][hh] = s.kconst[gk][2 * L.t + hh][1];
     }
   }
+  static constexpr bool kChannelTable = false;
+  __device__ __forceinline__ void stage_channels(SharedStorage<T>&, const Lane&, const uint8_t*) {}
   __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&, const uint8_t*, bool) {}
 
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4]) {
-    const uint32_t base = smem_u32(s.q_tile[0][0]);
+    const uint64_t base = b_tile_desc(smem_u32(s.q_tile[0][0]));
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
       const int gk = kt * 16 / T::G;
-      wgmma_m64n8k16<true>(acc[gk], a[kt][0], a[kt][1], a[kt][2], a[kt][3], b_tile_desc(base + kt * kBTileBytes));
+      wgmma_m64n8k16<true>(acc[gk], a[kt][0], a[kt][1], a[kt][2], a[kt][3], base + kt * (kBTileBytes >> 4));
     }
   }
   // log2-domain scores of this thread's (token, head) pairs; `par` = the chunk's K params.
@@ -361,26 +363,44 @@ struct KFoldChannel {
   float acc[1][4];
   float bias[2], inv[2];  // of this thread's group, heads 2t, 2t+1
 
-  __device__ __forceinline__ void setup(const DecodeParams&, SharedStorage<T>&, const Lane&) {}
+  // The query, once per item: q lambda / f in place (lambda = the softmax scale in log2 units).
+  __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
+    const QSlice qs(L.tid);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      s.q32[qs.n][qs.d0 + j] *= p.sm_scale_log2 / k_radix<T::BITS>(((qs.d0 + j) / 8) % (16 / T::BITS));
+  }
   __device__ __forceinline__ void load_constants(SharedStorage<T>&, const Lane&) {}
   __device__ __forceinline__ int my_group(const Lane& L) const { return kGroups == 1 ? 0 : (16 * L.warp) / T::G; }
 
-  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64).
-  __device__ __forceinline__ void begin_chunk(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
-                                              const uint8_t* par, bool group_starts) {
+  // Once per token group, one channel per thread: (s, f z / s - 1024) into s.kchan, read by the
+  // Q~ rebuild after the next consumer barrier (the eight heads share a channel's division).
+  static constexpr bool kChannelTable = true;
+  __device__ __forceinline__ void stage_channels(SharedStorage<T>& s, const Lane& L, const uint8_t* par) {
+    const float f = k_radix<T::BITS>((L.tid / 8) % (16 / T::BITS));
+#pragma unroll
+    for (int gq = 0; gq < kGroups; ++gq) {
+      const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[gq * kD + L.tid]);
+      const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
+      s.kchan[gq][L.tid] = make_float2(sc, f * sz.y / sc - kKBias);
+    }
+  }
+
+  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64), from the
+  // channel table staged before the last consumer barrier.
+  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>& s, const Lane& L,
+                                              const uint8_t*, bool group_starts) {
     if (!group_starts) return;
     const QSlice qs(L.tid);
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
-      const __half2* row = reinterpret_cast<const __half2*>(par) + gq * kD;
-      float qt[8], sc[8], amax = 0.f;
+      float qt[8], zt[8], amax = 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 sz = __half22float2(row[qs.d0 + j]);
-        sc[j] = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
-        const float f = k_radix<T::BITS>(((qs.d0 + j) / 8) % (16 / T::BITS));
-        qt[j] = s.q32[qs.n][qs.d0 + j] * sc[j] * (p.sm_scale_log2 / f);
-        amax = fmaxf(amax, fabsf(qt[j]));
+      for (int j = 0; j < 8; j += 2) {
+        const float4 t = *reinterpret_cast<const float4*>(&s.kchan[gq][qs.d0 + j]);
+        qt[j] = s.q32[qs.n][qs.d0 + j] * t.x, zt[j] = t.y;
+        qt[j + 1] = s.q32[qs.n][qs.d0 + j + 1] * t.z, zt[j + 1] = t.w;
+        amax = fmaxf(amax, fmaxf(fabsf(qt[j]), fabsf(qt[j + 1])));
       }
       amax = reduce_lanes<16, true>(amax);
       const int e = amax > 0.f ? 13 - ilog2f(amax) : 0;
@@ -391,9 +411,7 @@ struct KFoldChannel {
       for (int j = 0; j < 8; j += 2) {
         h[j / 2] = pack_f16x2(qt[j] * up, qt[j + 1] * up);
         const float2 r = unpack_f16x2(h[j / 2]);
-        const float f = k_radix<T::BITS>(((qs.d0 + j) / 8) % (16 / T::BITS));
-        const float2 z01 = make_float2(__half22float2(row[qs.d0 + j]).y, __half22float2(row[qs.d0 + j + 1]).y);
-        part = fmaf(r.x, f * z01.x / sc[j] - kKBias, fmaf(r.y, f * z01.y / sc[j + 1] - kKBias, part));
+        part = fmaf(r.x, zt[j], fmaf(r.y, zt[j + 1], part));
       }
       *reinterpret_cast<uint4*>(s.q_tile[gq][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
       part = reduce_lanes<16, false>(part);
@@ -412,12 +430,12 @@ struct KFoldChannel {
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane& L, const uint32_t (&a)[8][4]) {
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
-      const uint32_t base = smem_u32(s.q_tile[gq][0]);
+      const uint64_t base = b_tile_desc(smem_u32(s.q_tile[gq][0]));
       const bool mine = my_group(L) == gq;
 #pragma unroll
       for (int kt = 0; kt < 8; ++kt)
         wgmma_m64n8k16<true>(acc[0], mine ? a[kt][0] : 0u, mine ? a[kt][1] : 0u, mine ? a[kt][2] : 0u,
-                             mine ? a[kt][3] : 0u, b_tile_desc(base + kt * kBTileBytes));
+                             mine ? a[kt][3] : 0u, base + kt * (kBTileBytes >> 4));
     }
   }
   __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane&, const uint8_t*, float (&x)[4]) const {
@@ -451,6 +469,8 @@ struct KDequant {
     kscale[1] = s.kconst[0][2 * L.t + 1][2];
   }
   // The K operands are dequantized in place: (x - 1024) / f s + z per element.
+  static constexpr bool kChannelTable = false;
+  __device__ __forceinline__ void stage_channels(SharedStorage<T>&, const Lane&, const uint8_t*) {}
   __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&, const uint8_t*, bool) {}
   __device__ __forceinline__ void dequantize(const Lane& L, const uint8_t* par, uint32_t (&a)[8][4]) const {
     const __half2* row = reinterpret_cast<const __half2*>(par) + ((16 * L.warp) / T::G) * kD;
@@ -466,10 +486,10 @@ struct KDequant {
       }
   }
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4]) {
-    const uint32_t base = smem_u32(s.q_tile[0][0]);
+    const uint64_t base = b_tile_desc(smem_u32(s.q_tile[0][0]));
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt)
-      wgmma_m64n8k16<true>(acc[0], a[kt][0], a[kt][1], a[kt][2], a[kt][3], b_tile_desc(base + kt * kBTileBytes));
+      wgmma_m64n8k16<true>(acc[0], a[kt][0], a[kt][1], a[kt][2], a[kt][3], base + kt * (kBTileBytes >> 4));
   }
   __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane&, const uint8_t*, float (&x)[4]) const {
 #pragma unroll
@@ -511,7 +531,7 @@ __device__ __forceinline__ void k_operands(const uint8_t* tile, int lane, uint32
 //
 // The A operands of warp w for k-step kt and m64 tile i: rows g / g+8 are the channels of blocks
 // 2i / 2i+1 (32w + 16i + g, + 8), columns the tokens 16kt + 2t (+1) and + 8.
-template <int BITS, bool CENTRE>
+template <int BITS>
 __device__ __forceinline__ void v_operands(const uint8_t* block, int warp, int lane, uint32_t (&a)[4][2][4]) {
   constexpr int W = 2 * BITS;
   const uint8_t* mine = block + warp * 32 * W * 4;
@@ -521,36 +541,26 @@ __device__ __forceinline__ void v_operands(const uint8_t* block, int warp, int l
     const uint4 x = lds128(mine + (v * 128 + lane * 4) * 4);
     w[4 * v] = x.x, w[4 * v + 1] = x.y, w[4 * v + 2] = x.z, w[4 * v + 3] = x.w;
   }
-  // Centring: subtract 128 + f mid from both halves (exact: 128 + f mid is an integer below 256
-  // for the even factors f the V schedule reads at, and f (c - mid) is a bf16 value).
-  constexpr float mid = ((1 << BITS) - 1) * 0.5f;
-  const uint32_t c2 = CENTRE ? pack_bf16x2(kVBias + 2 * mid, kVBias + 2 * mid) : 0u;
-  const uint32_t c8 = CENTRE ? pack_bf16x2(kVBias + 8 * mid, kVBias + 8 * mid) : 0u;
-  const uint32_t c32 = CENTRE ? pack_bf16x2(kVBias + 32 * mid, kVBias + 32 * mid) : 0u;
-  auto centre = [&](uint32_t x, float f) -> uint32_t {
-    if constexpr (!CENTRE) return x;
-    return sub_bf16x2(x, f == 2.f ? c2 : (f == 8.f ? c8 : c32));
-  };
 #pragma unroll
   for (int kt = 0; kt < 4; ++kt) {
     if constexpr (BITS == 4) {
       // word 2kt + o, position = block (2i + row half), all at f = 2.
       const uint32_t w0 = w[2 * kt], w1 = w[2 * kt + 1];
-      a[kt][0][0] = centre(inject_v<4, 0>(w0), 2.f), a[kt][0][1] = centre(inject_v<4, 1>(w0), 2.f);
-      a[kt][0][2] = centre(inject_v<4, 0>(w1), 2.f), a[kt][0][3] = centre(inject_v<4, 1>(w1), 2.f);
-      a[kt][1][0] = centre(inject_v<4, 2>(w0), 2.f), a[kt][1][1] = centre(inject_v<4, 3>(w0), 2.f);
-      a[kt][1][2] = centre(inject_v<4, 2>(w1), 2.f), a[kt][1][3] = centre(inject_v<4, 3>(w1), 2.f);
+      a[kt][0][0] = inject_v<4, 0>(w0), a[kt][0][1] = inject_v<4, 1>(w0);
+      a[kt][0][2] = inject_v<4, 0>(w1), a[kt][0][3] = inject_v<4, 1>(w1);
+      a[kt][1][0] = inject_v<4, 2>(w0), a[kt][1][1] = inject_v<4, 3>(w0);
+      a[kt][1][2] = inject_v<4, 2>(w1), a[kt][1][3] = inject_v<4, 3>(w1);
     } else {
       // word kt; block b at token offset o sits at v2_position(b, o); blocks 0-3 have f 2, 8, 8, 32.
       const uint32_t x = w[kt];
-      a[kt][0][0] = centre(inject_v<2, v2_position(0, 0)>(x), 2.f);
-      a[kt][0][1] = centre(inject_v<2, v2_position(1, 0)>(x), 8.f);
-      a[kt][0][2] = centre(inject_v<2, v2_position(0, 1)>(x), 2.f);
-      a[kt][0][3] = centre(inject_v<2, v2_position(1, 1)>(x), 8.f);
-      a[kt][1][0] = centre(inject_v<2, v2_position(2, 0)>(x), 8.f);
-      a[kt][1][1] = centre(inject_v<2, v2_position(3, 0)>(x), 32.f);
-      a[kt][1][2] = centre(inject_v<2, v2_position(2, 1)>(x), 8.f);
-      a[kt][1][3] = centre(inject_v<2, v2_position(3, 1)>(x), 32.f);
+      a[kt][0][0] = inject_v<2, v2_position(0, 0)>(x);
+      a[kt][0][1] = inject_v<2, v2_position(1, 0)>(x);
+      a[kt][0][2] = inject_v<2, v2_position(0, 1)>(x);
+      a[kt][0][3] = inject_v<2, v2_position(1, 1)>(x);
+      a[kt][1][0] = inject_v<2, v2_position(2, 0)>(x);
+      a[kt][1][1] = inject_v<2, v2_position(3, 0)>(x);
+      a[kt][1][2] = inject_v<2, v2_position(2, 1)>(x);
+      a[kt][1][3] = inject_v<2, v2_position(3, 1)>(x);
     }
   }
 }
@@ -562,15 +572,15 @@ __device__ __forceinline__ constexpr float v_block_radix(int i, int hf) {
 
 template <class T>
 struct VFoldToken {
-  // Token-wise V, operand fold: P~ = p s_{t,gv} per channel group, A = f (c - mid); the
-  // accumulator holds sum p~ f (c - mid) and the offsets sum p~ (z / s + mid) are summed
-  // apart per (group, head) and added to every channel of the group at the end.
+  // Token-wise V, operand fold: P~ = p s_{t,gv} per channel group, A = 128 + f c; each chunk's
+  // accumulator (sum p~ (128 + f c)) is folded into the fp32 output as raw / f. The offsets
+  // sum p~ z / s and the bias sum p~ are summed apart per (group, head); at the end every channel
+  // of the group gets  off - 128 / f * pbar.
   static constexpr int kGroups = T::kGroupsD;  // B tiles per k-step
-  float raw[2][4];                  // in-flight accumulators of the open window
-  float out[2][4];                  // folded output (raw / f, summed over windows)
+  float raw[2][4];                  // the chunk's accumulators (two m64 tiles)
+  float out[2][4];                  // folded output
   float off[kGroups][2];            // this thread's partial offsets per (group, head)
-  int window = 0;                   // chunks accumulated into raw
-  bool pending = false;             // raw holds a closed window not yet folded
+  float pbar[kGroups][2];           // this thread's partial sums of p~ per (group, head)
 
   __device__ __forceinline__ void reset() {
 #pragma unroll
@@ -578,112 +588,122 @@ struct VFoldToken {
 #pragma unroll
       for (int e = 0; e < 4; ++e) out[i][e] = 0.f, raw[i][e] = 0.f;
 #pragma unroll
-    for (int gv = 0; gv < kGroups; ++gv) off[gv][0] = off[gv][1] = 0.f;
-    window = 0, pending = false;
+    for (int gv = 0; gv < kGroups; ++gv) off[gv][0] = off[gv][1] = pbar[gv][0] = pbar[gv][1] = 0.f;
   }
   __device__ __forceinline__ int my_group(const Lane& L) const { return (32 * L.warp) / T::G; }
   __device__ __forceinline__ void operands(const uint8_t* block, const Lane& L, uint32_t (&a)[4][2][4]) const {
-    v_operands<T::BITS, true>(block, L.warp, L.lane, a);
+    v_operands<T::BITS>(block, L.warp, L.lane, a);
   }
-  // P~ for this thread's (token, head) probabilities; `par` = the chunk's V params.
+  // P~ for this thread's (token, head) probabilities; `par` = the chunk's V params. The thread's
+  // four elements are two tokens (rows g, g + 8) of two heads: one (s, z) and one division each.
   __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, const uint8_t* par, bool, const float (&pr)[4]) {
-    constexpr float mid = ((1 << T::BITS) - 1) * 0.5f;
 #pragma unroll
-    for (int gv = 0; gv < kGroups; ++gv)
+    for (int gv = 0; gv < kGroups; ++gv) {
+      float sc[2], zs[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[L.token(2 * r) * T::kGroupsD + gv]);
+        sc[r] = sz.x != 0.f ? sz.x : kZeroScaleStandIn;  // codes of a constant group are 0
+        zs[r] = sz.y / sc[r];
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[L.token(e) * T::kGroupsD + gv]);
-        const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;  // codes of a constant group are 0
-        const uint16_t pb = bf16_bits(pr[e] * sc);
+        const uint16_t pb = bf16_bits(pr[e] * sc[e >> 1]);
         *reinterpret_cast<uint16_t*>(s.p_tile[gv][L.warp] + b_tile_offset(L.g + 8 * (e >> 1), 2 * L.t + (e & 1))) = pb;
         const float pt = unpack_bf16x2(pb).x;
-        off[gv][e & 1] = fmaf(pt, sz.y / sc + mid, off[gv][e & 1]);
+        off[gv][e & 1] = fmaf(pt, zs[e >> 1], off[gv][e & 1]);
+        pbar[gv][e & 1] += pt;
       }
+    }
   }
-  // Before the fence of a chunk's PV: a new window starts from zero.
-  __device__ __forceinline__ void begin_pv() {
-    if (window == 0) zero_accumulators(raw);
-  }
+  // Before the wgmma fence: each chunk's accumulators start from zero.
+  __device__ __forceinline__ void begin_pv() { zero_accumulators(raw); }
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane& L, const uint32_t (&a)[4][2][4]) {
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv) {
       const bool mine = kGroups == 1 || my_group(L) == gv;
-      const uint32_t base = smem_u32(s.p_tile[gv][0]);
+      const uint64_t base = b_tile_desc(smem_u32(s.p_tile[gv][0]));
 #pragma unroll
       for (int kt = 0; kt < 4; ++kt)
 #pragma unroll
         for (int i = 0; i < 2; ++i)
           wgmma_m64n8k16<false>(raw[i], mine ? a[kt][i][0] : 0u, mine ? a[kt][i][1] : 0u, mine ? a[kt][i][2] : 0u,
-                                mine ? a[kt][i][3] : 0u, b_tile_desc(base + kt * kBTileBytes));
+                                mine ? a[kt][i][3] : 0u, base + kt * (kBTileBytes >> 4));
     }
-    if (++window == kFlushChunks) pending = true;
   }
-  // After the chunk's PV has completed: fold a closed window.
-  __device__ __forceinline__ void after_pv(bool item_end) {
-    if (!(pending || (item_end && window > 0))) return;
+  // After the chunk's PV has completed: fold it (raw / f per channel block).
+  __device__ __forceinline__ void after_pv() {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[i][e] += raw[i][e] * (1.f / v_block_radix<T::BITS>(i, e >> 1));
-    window = 0, pending = false;
+      for (int e = 0; e < 4; ++e) out[i][e] = fmaf(raw[i][e], 1.f / v_block_radix<T::BITS>(i, e >> 1), out[i][e]);
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[i][e] *= alpha[e & 1], raw[i][e] *= alpha[e & 1];
+      for (int e = 0; e < 4; ++e) out[i][e] *= alpha[e & 1];
 #pragma unroll
-    for (int gv = 0; gv < kGroups; ++gv) off[gv][0] *= alpha[0], off[gv][1] *= alpha[1];
+    for (int gv = 0; gv < kGroups; ++gv)
+      off[gv][0] *= alpha[0], off[gv][1] *= alpha[1], pbar[gv][0] *= alpha[0], pbar[gv][1] *= alpha[1];
   }
-  // The offsets, summed over the warpgroup, added to every channel of their group (item end).
+  // The offsets and the bias, summed over the warpgroup, added to every channel of their group
+  // (item end): out += off - 128 / f * pbar.
   __device__ __forceinline__ void finish(SharedStorage<T>& s, const Lane& L) {
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const float v = sum_rows(off[gv][hh]);
-        if (L.g == 0) s.red[L.warp][2 * L.t + hh][3 + gv] = v;
+        const float v = sum_rows(off[gv][hh]), b = sum_rows(pbar[gv][hh]);
+        if (L.g == 0) s.red[L.warp][2 * L.t + hh][3 + gv] = v, s.red[L.warp][2 * L.t + hh][7 + gv] = b;
       }
     named_barrier(kConsumerBarrier, kConsumerThreads);
     const int gv = kGroups == 1 ? 0 : my_group(L);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float total = 0.f;
+      float total = 0.f, bias = 0.f;
 #pragma unroll
-      for (int w = 0; w < 4; ++w) total += s.red[w][2 * L.t + hh][3 + gv];
+      for (int w = 0; w < 4; ++w) total += s.red[w][2 * L.t + hh][3 + gv], bias += s.red[w][2 * L.t + hh][7 + gv];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) out[i][hh] += total, out[i][hh + 2] += total;
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+          out[i][hh + 2 * hf] += fmaf(-kVBias / v_block_radix<T::BITS>(i, hf), bias, total);
     }
   }
 };
 
 template <class T>
 struct VFoldChannel {
-  // Channel-wise V, accumulator fold per token group T: A = f (c - mid), B = p (bf16); at the
-  // group's end  out += s_{T,c} / f_c * acc + (z_{T,c} + s_{T,c} mid) * sum_T p,  the p-sum over the
-  // whole warpgroup. A chunk holding two groups (G = 32) runs its PV in two halves.
+  // Channel-wise V, accumulator fold: A = 128 + f c, B = p (bf16). Each chunk's accumulator
+  // is folded with its group's s / f per channel (out += s / f * acc); at a group's end the
+  // offsets and the bias follow, (z - 128 s / f) * sum_T p with the p-sum over the whole
+  // warpgroup. A chunk holding two groups (G = 32) accumulates its two halves apart.
   static constexpr int kHalves = T::kGroupsT;  // token groups per chunk (2 when G = 32)
-  float raw[2][4];
+  float raw[kHalves][2][4];
   float out[2][4];
-  float psum[2];            // this thread's partial p-sum of the open group
-  float gsum[kHalves][2];   // the warpgroup's p-sums of the groups closed in this chunk
+  float psum[2];               // this thread's partial p-sum of the open group
+  float gsum[kHalves][2];      // the warpgroup's p-sums of the groups closed in this chunk
   float sz[kHalves][2][2][2];  // [group][tile][row half] (s, z) of this thread's channels
-  bool open = false, closes = false;
+  bool closes = false;
 
   __device__ __forceinline__ void reset() {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[i][e] = 0.f, raw[i][e] = 0.f;
+      for (int e = 0; e < 4; ++e) out[i][e] = 0.f;
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) zero_accumulators(raw[h]);
     psum[0] = psum[1] = 0.f;
-    open = false, closes = false;
+    closes = false;
   }
   __device__ __forceinline__ void operands(const uint8_t* block, const Lane& L, uint32_t (&a)[4][2][4]) const {
-    v_operands<T::BITS, true>(block, L.warp, L.lane, a);
+    v_operands<T::BITS>(block, L.warp, L.lane, a);
   }
-  // Keeps the group rows' (s, z) of this thread's four channels for the folds after the stage
-  // is released (called once the previous group's fold is done).
-  __device__ __forceinline__ void load_params(const Lane& L, const uint8_t* par) {
+  // bf16 p as the B operand; the chunk's group rows (s, z) of this thread's four channels are
+  // kept for the folds; at a group's end the p-sums are exchanged through s.red.
+  __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, const uint8_t* par, bool group_ends,
+                                          const float (&pr)[4]) {
 #pragma unroll
     for (int gq = 0; gq < kHalves; ++gq)
 #pragma unroll
@@ -693,11 +713,6 @@ struct VFoldChannel {
           const float2 v = __half22float2(reinterpret_cast<const __half2*>(par)[gq * kD + L.channel(i, 2 * hf)]);
           sz[gq][i][hf][0] = v.x, sz[gq][i][hf][1] = v.y;
         }
-  }
-  // bf16 p as the B operand; at a group's end the p-sums are exchanged through s.red.
-  __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, const uint8_t* par, bool group_ends,
-                                          const float (&pr)[4]) {
-    load_params(L, par);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const uint16_t pb = bf16_bits(pr[e]);
@@ -727,64 +742,40 @@ struct VFoldChannel {
         gsum[gq][hh] = total;
       }
   }
-  __device__ __forceinline__ void fold(int gq) {
-    constexpr float mid = ((1 << T::BITS) - 1) * 0.5f;
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float s_c = sz[gq][i][e >> 1][0], z_c = sz[gq][i][e >> 1][1];
-        out[i][e] = fmaf(s_c / v_block_radix<T::BITS>(i, e >> 1), raw[i][e], fmaf(z_c + s_c * mid, gsum[gq][e & 1], out[i][e]));
-      }
-  }
   __device__ __forceinline__ void begin_pv() {
-    if (!open || kHalves > 1) zero_accumulators(raw);
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) zero_accumulators(raw[h]);
   }
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[4][2][4]) {
-    const uint32_t base = smem_u32(s.p_tile[0][0]);
-    if constexpr (kHalves == 1) {
+    const uint64_t base = b_tile_desc(smem_u32(s.p_tile[0][0]));
 #pragma unroll
-      for (int kt = 0; kt < 4; ++kt)
+    for (int kt = 0; kt < 4; ++kt)
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
-          wgmma_m64n8k16<false>(raw[i], a[kt][i][0], a[kt][i][1], a[kt][i][2], a[kt][i][3],
-                                b_tile_desc(base + kt * kBTileBytes));
-      open = true;
-    } else {  // G = 32: tokens 0-31 close group 0, fold, then tokens 32-63 for group 1
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        if (half == 1) {
-          wgmma_commit();
-          wgmma_wait<0>();
-          pin_accumulators(raw);
-          fold(0);
-          zero_accumulators(raw);
-          pin_accumulators(raw);
-          wgmma_fence();
-        }
-#pragma unroll
-        for (int kt = 2 * half; kt < 2 * half + 2; ++kt)
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-            wgmma_m64n8k16<false>(raw[i], a[kt][i][0], a[kt][i][1], a[kt][i][2], a[kt][i][3],
-                                  b_tile_desc(base + kt * kBTileBytes));
-      }
-      open = true;
-    }
+      for (int i = 0; i < 2; ++i)
+        wgmma_m64n8k16<false>(raw[kt * kHalves / 4][i], a[kt][i][0], a[kt][i][1], a[kt][i][2], a[kt][i][3],
+                              base + kt * (kBTileBytes >> 4));
   }
-  // After the chunk's PV has completed: fold the group it closed.
-  __device__ __forceinline__ void after_pv(bool) {
-    if (closes && open) {
-      fold(kHalves - 1);
-      open = false;
-    }
+  // After the chunk's PV has completed: fold each half with its group's scales, and the offsets
+  // of the groups that closed.
+  __device__ __forceinline__ void after_pv() {
+#pragma unroll
+    for (int gq = 0; gq < kHalves; ++gq)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float s_c = sz[gq][i][e >> 1][0], z_c = sz[gq][i][e >> 1][1];
+          const float inv_f = 1.f / v_block_radix<T::BITS>(i, e >> 1);
+          out[i][e] = fmaf(s_c * inv_f, raw[gq][i][e], out[i][e]);
+          if (closes) out[i][e] = fmaf(fmaf(-kVBias * inv_f, s_c, z_c), gsum[gq][e & 1], out[i][e]);
+        }
     closes = false;
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[i][e] *= alpha[e & 1], raw[i][e] *= alpha[e & 1];
+      for (int e = 0; e < 4; ++e) out[i][e] *= alpha[e & 1];
     psum[0] *= alpha[0], psum[1] *= alpha[1];
   }
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
@@ -797,17 +788,14 @@ struct VDequant {
   float raw[2][4];
   float out[2][4];
   float tsz[4][2][2][2];  // [k-step][token offset][pair element][s, z] of this thread's A columns
-  int window = 0;
-  bool pending = false;
   __device__ __forceinline__ void reset() {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) out[i][e] = 0.f, raw[i][e] = 0.f;
-    window = 0, pending = false;
   }
   __device__ __forceinline__ void operands(const uint8_t* block, const Lane& L, uint32_t (&a)[4][2][4]) const {
-    v_operands<T::BITS, false>(block, L.warp, L.lane, a);
+    v_operands<T::BITS>(block, L.warp, L.lane, a);
     const int gv = (32 * L.warp) / T::G;
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt)
@@ -843,32 +831,27 @@ struct VDequant {
       *reinterpret_cast<uint16_t*>(s.p_tile[0][L.warp] + b_tile_offset(L.g + 8 * (e >> 1), 2 * L.t + (e & 1))) =
           bf16_bits(pr[e]);
   }
-  __device__ __forceinline__ void begin_pv() {
-    if (window == 0) zero_accumulators(raw);
-  }
+  __device__ __forceinline__ void begin_pv() { zero_accumulators(raw); }
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[4][2][4]) {
-    const uint32_t base = smem_u32(s.p_tile[0][0]);
+    const uint64_t base = b_tile_desc(smem_u32(s.p_tile[0][0]));
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt)
 #pragma unroll
       for (int i = 0; i < 2; ++i)
         wgmma_m64n8k16<false>(raw[i], a[kt][i][0], a[kt][i][1], a[kt][i][2], a[kt][i][3],
-                              b_tile_desc(base + kt * kBTileBytes));
-    if (++window == kFlushChunks) pending = true;
+                              base + kt * (kBTileBytes >> 4));
   }
-  __device__ __forceinline__ void after_pv(bool item_end) {
-    if (!(pending || (item_end && window > 0))) return;
+  __device__ __forceinline__ void after_pv() {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) out[i][e] += raw[i][e];
-    window = 0, pending = false;
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[i][e] *= alpha[e & 1], raw[i][e] *= alpha[e & 1];
+      for (int e = 0; e < 4; ++e) out[i][e] *= alpha[e & 1];
   }
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
 };
@@ -961,35 +944,46 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       ks.load_constants(s, L);
     }
 
-    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ++it) {
-      const int stage = it % T::kStages;
-      mbar_wait(&s.full[stage], (it / T::kStages) & 1);
-      const uint8_t* st = s.ring[stage];
+    // The chunks, software-pipelined by one: iteration c attends chunk c (its S is done) and
+    // issues chunk c's PV together with chunk c + 1's S, so the two chains overlap on the Tensor
+    // Cores and one wait per chunk covers both. No wgmma is in flight across the back edge
+    // (ptxas would serialize every wgmma, and it does not keep an in-flight wgmma's registers).
+    auto stage_of = [&](int k) { return s.ring[(it + k) % T::kStages]; };
+    auto wait_stage = [&](int k) { mbar_wait(&s.full[(it + k) % T::kStages], ((it + k) / T::kStages) & 1); };
+    // Chunk c's S operands: the B tile when a token group starts, the A operands of warp w's
+    // 16-token tile; before the wgmma fence.
+    uint32_t a[8][4];
+    auto prepare_s = [&](int k, int c) {
+      const uint8_t* st = stage_of(k);
       const uint8_t* k_par = st + 2 * T::kCodeBytes;
-      const uint8_t* v_par = k_par + T::kKParamBytes;
-      const int tok0 = c * kChunk;
-      const bool last = c == w.chunk_end - 1;
-      ks.begin_chunk(p, s, L, k_par, c == w.chunk_begin || tok0 % T::G == 0);
-
-      // S = K Q^T: operands from warp w's 16-token tile, then the chunk's wgmmas.
-      uint32_t a[8][4];
+      ks.begin_chunk(p, s, L, k_par, c == w.chunk_begin || (c * kChunk) % T::G == 0);
       k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
       if constexpr (T::DEQ) ks.dequantize(L, k_par, a);
+    };
+    if (w.chunk_end > w.chunk_begin) {
+      wait_stage(0);
+      if constexpr (KSide::kChannelTable) {
+        ks.stage_channels(s, L, stage_of(0) + 2 * T::kCodeBytes);
+        named_barrier(kConsumerBarrier, kConsumerThreads);
+      }
+      prepare_s(0, w.chunk_begin);
       pin_operands(a);
       zero_accumulators(ks.acc);
       pin_accumulators(ks.acc);
       wgmma_fence();
       ks.issue(s, L, a);
       wgmma_commit();
-
       wgmma_wait<0>();
       pin_accumulators(ks.acc);
-      // O^T = V^T P^T operands.
-      uint32_t av[4][2][4];
-      if constexpr (T::DEQ) vs.load_params(L, v_par);
-      vs.operands(st + T::kCodeBytes, L, av);
-      pin_operands(av);
-      // The scores need this chunk's K params, P~ its V params: keep the stage until then.
+    }
+    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ++it) {
+      const uint8_t* st = stage_of(0);
+      const uint8_t* k_par = st + 2 * T::kCodeBytes;
+      const uint8_t* v_par = k_par + T::kKParamBytes;
+      const int tok0 = c * kChunk;
+      const bool last = c == w.chunk_end - 1;
+
+      // Scores of chunk c (its K params), the online softmax, P (its V params).
       float x[4];
       ks.scores(s, L, k_par, x);
       if (tok0 + kChunk > w.packed_len) {
@@ -1001,27 +995,45 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
       float pr[4];
       sm.probabilities(x, pr);
+      // O^T = V^T P^T operands of chunk c.
+      uint32_t av[4][2][4];
+      if constexpr (T::DEQ) vs.load_params(L, v_par);
+      vs.operands(st + T::kCodeBytes, L, av);
       const bool group_ends = last || (tok0 + kChunk) % T::G == 0;
       vs.publish(s, L, v_par, group_ends, pr);
-      // The stage is read out: the producer may refill it.
+      // The next chunk's stage; a channel-wise K group it opens stages its channel table here,
+      // before the barrier that publishes P.
+      if (!last) {
+        wait_stage(1);
+        if constexpr (KSide::kChannelTable)
+          if (group_ends) ks.stage_channels(s, L, stage_of(1) + 2 * T::kCodeBytes);
+      }
+      // Chunk c's stage is read out: the producer may refill it.
       __syncwarp();
-      if (L.lane == 0) mbar_arrive(&s.empty[stage]);
+      if (L.lane == 0) mbar_arrive(&s.empty[it % T::kStages]);
       fence_proxy_async_smem();
       named_barrier(kConsumerBarrier, kConsumerThreads);
       if constexpr (T::VCH && !T::DEQ) vs.collect(s, L);
+      if (!last) prepare_s(1, c + 1);
+
+      // Chunk c + 1's S and chunk c's PV, one commit, one wait (each chain starts from a zeroed
+      // accumulator). The last chunk's S chain runs too, on stale operands, and is discarded: a
+      // conditional wgmma would make ptxas serialize them all.
+      pin_operands(a);
+      pin_operands(av);
+      zero_accumulators(ks.acc);
       vs.begin_pv();
+      pin_accumulators(ks.acc);
       pin_accumulators(vs.raw);
       wgmma_fence();
+      ks.issue(s, L, a);
       vs.issue(s, L, av);
       wgmma_commit();
-      // The chunk's PV completes before the next chunk can touch its registers: ptxas does not
-      // keep a wgmma's A operands (or accumulators) from being reused across a loop's back edge,
-      // and a wait that reaches into the next iteration makes it serialize every wgmma.
       wgmma_wait<0>();
       pin_accumulators(vs.raw);
-      vs.after_pv(false);
+      pin_accumulators(ks.acc);
+      vs.after_pv();
     }
-    vs.after_pv(true);
 
     if constexpr (T::kHasTail) {
       if (w.split == 0 && w.tail_len > 0) consume_tail<T>(p, s, L, w, sm, vs);

@@ -110,6 +110,11 @@ __device__ __forceinline__ void pin_accumulators(float (&r)[N][M]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) pin_accumulators(r[i]);
 }
+template <int N, int M, int K>
+__device__ __forceinline__ void pin_accumulators(float (&r)[N][M][K]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) pin_accumulators(r[i]);
+}
 
 // One warp's synchronous m16n8k16 MMA (bf16 operands, fp32 accumulate), for the cold paths that
 // run outside the wgmma pipeline: A rows g / g+8 and columns 2t.. as in wgmma's A fragment, B

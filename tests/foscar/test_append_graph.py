@@ -109,28 +109,11 @@ def test_layers_share_lengths_and_grow_apart(rng):
         assert_equal_caches(got, ref, appender)
 
 
-def _blocks_of_four_tiles(monkeypatch):
-    """A V layout of 64-token blocks, each four of today's 16-token tiles in a row: the same bytes,
-    so foscar.cache (which packs 16-token tiles) still writes the reference, while the appender
-    sees only 64-token blocks."""
-    tile_positions, block_tokens = packing.tile_positions, packing.block_tokens
-
-    def positions(bits, kind, head_dim):
-        tile = tile_positions(bits, kind, head_dim)
-        if kind == "k":
-            return tile
-        return torch.cat([tile + t * 16 * head_dim for t in range(4)])
-
-    monkeypatch.setattr(packing, "tile_positions", positions)
-    monkeypatch.setattr(packing, "block_tokens", lambda kind: 64 if kind == "v" else block_tokens(kind))
-
-
 @pytest.mark.parametrize("group", [32, 128])
 @pytest.mark.parametrize("k_mode, v_mode", [("channel", "token"), ("token", "token"), ("token", "channel")])
-def test_64_token_v_blocks(rng, monkeypatch, group, k_mode, v_mode):
-    """With block_tokens('v') == 64 the appender still writes what foscar.append writes
-    (group 32 fills half a block per flush; token-wise V writes one token into a block)."""
-    _blocks_of_four_tiles(monkeypatch)
+def test_64_token_v_blocks(rng, group, k_mode, v_mode):
+    """V is packed in 64-token blocks (four 16-token rows): the appender writes what foscar.append
+    writes (group 32 fills half a block per flush; token-wise V writes one token into a block)."""
     cfg = QuantConfig(bits=2, group_size=group, k_mode=k_mode, v_mode=v_mode, page_size=128)
     start, steps = [5, 100, 200], 140
     k, v = make_kv(rng, len(start), max(start) + steps, 2, 128)
