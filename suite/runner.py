@@ -318,7 +318,8 @@ def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
         return time_cpu([prepared.run])
     from suite.envinfo import clock_sample
 
-    copies, policy, detail = l2_plan(nbytes, ctx.gpu.l2_bytes, MAX_ROTATE_COPIES)
+    plan = l2_plan(nbytes, ctx.gpu.l2_bytes, MAX_ROTATE_COPIES)
+    copies, policy, detail = plan.copies, plan.policy, plan.detail
     preps = [prepared]
     for _ in range(copies - 1):
         preps.append(backend.prepare(case, clone_source(source)))
