@@ -4,6 +4,7 @@ store, one committed record at a time; a worker that dies or hangs is replaced a
 case recorded `crashed` or `timeout`."""
 from __future__ import annotations
 
+import hashlib
 import multiprocessing as mp
 import os
 import queue
@@ -323,6 +324,37 @@ def plan_items(cases: list[Case], backends: list[Backend]) -> list[Item]:
     from suite.cases import pair
 
     return [Item(i, c, b) for i, (c, b) in enumerate(pair(cases, backends))]
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """'2/8' -> (2, 8): shard 2 of 8, counted from 0 (a Slurm array --array=0-7)."""
+    if text is None:
+        return None
+    try:
+        index, count = (int(p) for p in str(text).split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r} is not I/N; write e.g. 0/4 for the first of four shards.") from None
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"--shard {text}: I must be in 0..N-1 (N >= 1); got I={index}, N={count}.")
+    return index, count
+
+
+def _shard_rank(key: str) -> tuple[str, str]:
+    return hashlib.sha256(key.encode()).hexdigest(), key
+
+
+def shard_keys(keys: list[str], index: int, count: int) -> set[str]:
+    """Shard `index` of `count` of the item keys ('case key|backend'): ranked by their
+    SHA-256 and dealt round-robin, so every host computes the same split from the same grid
+    whatever the order of axes and --backends (and whatever Python's hash seed), the shards
+    differ in size by at most one item and each gets a mix of shapes and backends."""
+    return set(sorted(keys, key=_shard_rank)[index::count])
+
+
+def shard_items(items: list[Item], index: int, count: int) -> list[Item]:
+    """The items of one shard (shard_keys), in plan order."""
+    mine = shard_keys([it.key for it in items], index, count)
+    return [it for it in items if it.key in mine]
 
 
 def run_sweep(

@@ -49,8 +49,29 @@ def record_dicts(df) -> list[dict]:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("results")
+    group = typer.Typer(invoke_without_command=True, no_args_is_help=False, add_completion=False)
+    app.add_typer(group, name="results", help="Records of a run as a table, JSON, CSV or Parquet; `results merge` joins stores.")
+
+    @group.command("merge")
+    def merge(
+        out: Path = typer.Argument(..., help="The store to write (created if absent; may be one of the inputs)."),
+        inputs: list[Path] = typer.Argument(..., help="Stores to join into OUT, e.g. one per shard."),
+    ) -> None:
+        """Join stores into OUT: every run and record once, nothing lost; running it again changes nothing."""
+        from suite.store import MergeError, merge_stores
+
+        try:
+            counts = merge_stores(out, inputs)
+        except MergeError as err:
+            typer.echo(str(err), err=True)
+            raise typer.Exit(2)
+        typer.echo(f"merged {len(counts.inputs)} store(s) into {out}: {counts.records_added} record(s) added, "
+                   f"{counts.records_present} already there; {counts.runs_added} run(s) added, "
+                   f"{counts.runs_combined} combined from shards.")
+
+    @group.callback()
     def results(
+        ctx: typer.Context,
         run: Optional[str] = typer.Option(None, "--run", help="Run id (default: the latest run)."),
         all_runs: bool = typer.Option(False, "--all", help="Every run in the store."),
         runs: bool = typer.Option(False, "--runs", help="List the runs and exit."),
@@ -62,6 +83,8 @@ def register(app: typer.Typer) -> None:
         db: Path = typer.Option(Path("results/foscar.sqlite"), "--db", help="Results store (SQLite)."),
     ) -> None:
         """Records of a run: a table by default; --json, --csv, --parquet export every field."""
+        if ctx.invoked_subcommand is not None:
+            return
         import pandas as pd
         from rich.console import Console
 

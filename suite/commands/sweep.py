@@ -35,6 +35,8 @@ def register(app: typer.Typer) -> None:
         gpus: Optional[str] = typer.Option(None, "--gpus", help="CUDA indices, e.g. 0,1. Default: every visible GPU."),
         db: Path = typer.Option(Path("results/foscar.sqlite"), "--db", help="Results store (SQLite)."),
         resume: Optional[str] = typer.Option(None, "--resume", help="Continue run RUN: skip its finished cases."),
+        shard: Optional[str] = typer.Option(None, "--shard", help="Run shard I of N (I from 0) of the expanded items, e.g. 3/8: one per host; `results merge` joins the stores."),
+        run_id: Optional[str] = typer.Option(None, "--run-id", help="Name the run (e.g. one id for every shard of a job array); continues it if the store already holds it with the same settings."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cases and exit."),
         list_backends: bool = typer.Option(False, "--list-backends", help="List backends and whether they can run here."),
         case_timeout: float = typer.Option(900.0, "--case-timeout", help="Seconds before a case is recorded `timeout`."),
@@ -49,7 +51,7 @@ def register(app: typer.Typer) -> None:
         from baselines.base import TEST_BACKENDS_ENV, all_backends, select_backends
         from suite.cases import expand, make_spec, parse_int_list, parse_str_list
         from suite.store import ResultStore
-        from suite.sweep import plan_items
+        from suite.sweep import parse_shard, plan_items, shard_items
 
         console = Console()
         if test_backends:
@@ -68,6 +70,7 @@ def register(app: typer.Typer) -> None:
         )
         backend_names = parse_str_list(backends)
         try:
+            shard_ix = parse_shard(shard)
             if resume:
                 if store is None or not store.has_run(resume):
                     raise ValueError(f"run {resume!r} is not in {db}; `foscar-bench results --runs --db {db}` lists runs.")
@@ -77,6 +80,7 @@ def register(app: typer.Typer) -> None:
                     console.print(f"[yellow]--resume uses the run's own axes; ignoring {', '.join(given)}.")
                 spec = make_spec(None, **config["spec"])
                 backend_names = config["backends"]
+                shard_ix = parse_shard(config.get("shard"))
                 test_backends = test_backends or config.get("test_backends", False)
                 if test_backends:
                     os.environ[TEST_BACKENDS_ENV] = "1"
@@ -84,6 +88,8 @@ def register(app: typer.Typer) -> None:
                 spec = make_spec(preset, **axes)
             chosen = select_backends(backend_names)
             items = plan_items(expand(spec), chosen)
+            if shard_ix:
+                items = shard_items(items, *shard_ix)
         except (ValueError, KeyError) as exc:
             console.print(f"[red]{exc.args[0] if exc.args else exc}")
             raise typer.Exit(2)
@@ -103,7 +109,12 @@ def register(app: typer.Typer) -> None:
             "test_backends": test_backends,
             "preset": preset,
         }
-        run_id = store.start_run(argv=sys.argv, config=config, env=collect(use_torch=False), run_id=resume)
+        if shard_ix:
+            config["shard"] = f"{shard_ix[0]}/{shard_ix[1]}"
+        if run_id and not resume and store.has_run(run_id):
+            _check_same_sweep(store.run_info(run_id)["config"], config, run_id, db)
+            console.print(f"run {run_id} is in {db} already: continuing it")
+        run_id = store.start_run(argv=sys.argv, config=config, env=collect(use_torch=False), run_id=resume or run_id)
         log_dir = db.parent / "logs" / run_id
         console.print(
             f"run {run_id}: {len(items)} items ({len({i.case.key for i in items})} cases x backends) "
@@ -126,6 +137,16 @@ def register(app: typer.Typer) -> None:
             f"all fields: foscar-bench results --run {run_id} --db {db} --json"
         )
         del outcome
+
+
+def _check_same_sweep(old: dict, new: dict, run_id: str, db) -> None:
+    """A named run is continued only by the sweep that began it (same axes, backends, shard)."""
+    keys = ("spec", "backends", "shard", "test_backends")
+    diff = [k for k in keys if old.get(k) != new.get(k)]
+    if diff:
+        typer.echo(f"run {run_id} in {db} was started with other {', '.join(diff)}; "
+                   "give a new --run-id, or --resume it to run its own settings.", err=True)
+        raise typer.Exit(2)
 
 
 def _devices(gpus: str | None, cpu: bool) -> list[str]:
