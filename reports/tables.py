@@ -127,8 +127,8 @@ def _bandwidth_display(frame: pd.DataFrame) -> pd.DataFrame:
         "of read ceiling": [pct(v) for v in frame["frac_read_ceiling"]],
         "paper H100": [pct(v, q) for v, q in zip(frame["paper_h100"], frame["paper_h100_qualifier"])],
         "paper B200": [pct(v, q) for v, q in zip(frame["paper_b200"], frame["paper_b200_qualifier"])],
-        "our H200 ref. (§7)": [pct(v) for v in frame["h200_reference_frac_bus"]],
-        "target (§8)": [pct(v, q) for v, q in zip(frame["target_frac_bus"], frame["target_qualifier"])],
+        "our H200 ref. (h200-ref)": [pct(v) for v in frame["h200_reference_frac_bus"]],
+        "target (targets)": [pct(v, q) for v, q in zip(frame["target_frac_bus"], frame["target_qualifier"])],
     })
     return out
 
@@ -187,7 +187,7 @@ def speedup_table(records: pd.DataFrame) -> Table:
         "range": [f"{a:.2f}x to {b:.2f}x" for a, b in zip(frame["min_speedup"], frame["max_speedup"])],
         "paper H100": [num(v, "{:.2f}x", q) for v, q in zip(frame["paper_h100"], frame["paper_h100_qualifier"])],
         "paper B200": [num(v, "{:.2f}x", q) for v, q in zip(frame["paper_b200"], frame["paper_b200_qualifier"])],
-        "target (§8, H200 grid)": [num(v, "{:.1f}x", q) for v, q in zip(frame["target"], frame["target_qualifier"])],
+        "target (targets, H200 grid)": [num(v, "{:.1f}x", q) for v, q in zip(frame["target"], frame["target_qualifier"])],
     })
     return Table("speedups", "Geometric-mean speedups of our kernels", frame, display, notes=notes)
 
@@ -219,6 +219,28 @@ def accuracy_table(records: pd.DataFrame) -> Table:
         "max ": [num(v, "{:.2e}") for v in frame["quant_rel_error_max"]],
     })
     return Table("accuracy", "Relative L2 error", frame, display)
+
+
+def failed_gate_table(records: pd.DataFrame) -> Table:
+    """Every record that failed the accuracy gate: the figures draw them (a red X on the
+    axis when untimed, hollow when timed); this lists them."""
+    bad = records[records["status"].isin(catalog.GATE_FAILED)]
+    if bad.empty:
+        empty = pd.DataFrame()
+        return Table("failed_gate", "Failed the accuracy gate", empty, empty,
+                     notes=["No record failed the accuracy gate."])
+    bad = bad.sort_values(["gpu_name", "backend", "batch", "kv_len"], key=_order_key)
+    frame = bad[["gpu_name", "backend", "batch", "kv_len", "bits", "k_mode", "v_mode", "group_size", "status",
+                 "rel_error", "median_us", "reason"]].reset_index(drop=True)
+    display = pd.DataFrame({
+        "GPU": frame["gpu_name"], "backend": frame["backend"].map(catalog.label),
+        "batch": [num(v, "{:.0f}") for v in frame["batch"]], "KV": [num(v, "{:.0f}") for v in frame["kv_len"]],
+        "format": [fmt_label(r) or f"{r['bits']:.0f}-bit" for _, r in frame.iterrows()],
+        "status": frame["status"], "rel. error": [num(v, "{:.2e}") for v in frame["rel_error"]],
+        "time (µs)": [num(v, "{:.1f}") for v in frame["median_us"]],
+        "reason": frame["reason"].fillna("").map(lambda t: str(t)[:160]),
+    })
+    return Table("failed_gate", "Records that failed the accuracy gate", frame, display)
 
 
 def status_table(records: pd.DataFrame) -> Table:
