@@ -4,6 +4,9 @@
 #   STAGES="tests lab profile" bash scripts/h200_record.sh   are the kernels right, how fast, why
 #   STAGES="paper alu" bash scripts/h200_record.sh           every backend at the paper point
 #   STAGES="full" RESUME=<run id> bash scripts/h200_record.sh  the full grid, resumable
+#   STAGES="ceiling nvfp4" bash scripts/h200_record.sh       the searched read ceiling; FlashInfer NVFP4 vs its own timer
+#   STAGES="bdbuild bdprobe" bash scripts/h200_record.sh     build BitDecoding (carried in .bitdecoding/), probe INT4/INT2
+# With .bitdecoding/build present (bdbuild), `paper` times BitDecoding too.
 # Everything lands in $OUT/record.tar.gz (the call brings back at most 8 files) and the log
 # in $OUT/record.log. The device copy has no .git: pass FOSCAR_GIT_SHA=<commit> for the store.
 # The FlashInfer wheels travel in .whl (scripts/../shared/gpu/wheelhouse.sh fills it).
@@ -18,6 +21,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site:.
 fi
+if [[ -d .bitdecoding/build ]]; then export PYTHONPATH=$PWD/.bitdecoding/build:$PWD/.bitdecoding:$PYTHONPATH; fi
 smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv,noheader; }
 echo "== start $(date -u +%FT%TZ) stages: $STAGES; $(smi)" | tee "$LOG"
 
@@ -48,7 +52,17 @@ for stage in $STAGES; do
     full)
         timeout 540 python3 -m suite sweep --preset full --backends "$BACKENDS_FULL" --db "$W/full.sqlite" \
             ${RESUME:+--resume "$RESUME"} --no-progress 2>&1 | tail -20 | tee -a "$LOG" ;;
-    *) echo "unknown stage $stage (tests lab profile paper alu full)" | tee -a "$LOG" ;;
+    ceiling)  # the read ceiling, searched over kernels and launch shapes, with its spread
+        timeout 300 python3 -m suite ceiling --json "$W/ceiling.json" 2>&1 | tail -14 | tee -a "$LOG" ;;
+    nvfp4)  # flashinfer-nvfp4-tc against FlashInfer's own timer and benchmark configuration
+        timeout 540 python3 scripts/flashinfer_nvfp4_check.py --json "$W/nvfp4_check.json" 2>&1 | tail -10 | tee -a "$LOG" ;;
+    bdbuild)  # BitDecoding's extension for sm_90 (about 2.5 minutes); kept in .bitdecoding/build
+        timeout 560 python3 scripts/bitdecoding_build.py --src .bitdecoding 2>&1 | tail -5 | tee -a "$LOG"
+        export PYTHONPATH=$PWD/.bitdecoding/build:$PWD/.bitdecoding:$PYTHONPATH ;;
+    bdprobe)  # its error against unquantized attention beside plain min-max, and its cache read back
+        timeout 420 python3 scripts/bitdecoding_probe.py --json "$W/bitdecoding_probe.json" 2>&1 | grep -v '^{' \
+            | tee -a "$LOG" ;;
+    *) echo "unknown stage $stage (tests lab profile paper alu full ceiling nvfp4 bdbuild bdprobe)" | tee -a "$LOG" ;;
     esac
     pack
 done
