@@ -41,7 +41,7 @@ class StopRule:
 
 
 DEFAULT_RULE = StopRule()
-CPU_RULE = StopRule(target_spread=0.05, min_samples=10, min_time_s=0.0, max_time_s=0.5, max_samples=200)
+CPU_RULE = StopRule(target_spread=0.05, min_samples=10, min_time_s=0.0, max_time_s=0.2, max_samples=200)
 
 
 @dataclass
