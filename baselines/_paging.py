@@ -144,9 +144,3 @@ def shared_workspace(device: Any, nbytes: int) -> torch.Tensor:
         buf = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         _WORKSPACES[key] = buf
     return buf
-
-
-def device_capability(device: Any) -> tuple[int, int]:
-    if torch.device(device).type != "cuda":
-        return (0, 0)
-    return torch.cuda.get_device_capability(device)

@@ -1,23 +1,21 @@
 """The one interface every decode-attention kernel is measured through, ours included,
 and the registry of backends.
 
-A backend declares what it is (name, family, KV storage bits, tolerance), says whether it
-can run a case (`supports`), and builds its own cache format from the shared BF16 source
-K/V (`prepare`), returning a thunk that runs one decode step. The harness alone times it.
-Conversion and quantization happen in `prepare` and are never timed.
+A backend declares what it is (name, family, KV format and native width, tolerance), says
+why it cannot run a case (`case_reason`; `supports` adds whether its library is there),
+and builds its own cache format from the shared BF16 source K/V (`prepare`), returning a
+thunk that runs one decode step. The harness alone times it. Conversion and quantization
+happen in `prepare` and are never timed.
 """
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from suite.cases import NO_QUANT, Case
-
-# Set to 1 (or pass --test-backends to the sweep) to register backends that exist only to
-# test the harness, such as `test-crash`.
-TEST_BACKENDS_ENV = "FOSCAR_BENCH_TEST_BACKENDS"
+from core.bytes_model import FORMATS, Traffic, traffic_for_case
+from core.case import NO_QUANT, Case
+from core.gpu import GpuInfo
 
 # Modules under baselines/ that register backends, in listing order.
 BACKEND_MODULES = (
@@ -26,7 +24,6 @@ BACKEND_MODULES = (
     "baselines.trtllm",
     "baselines.bitdecoding",
     "baselines.foscar",
-    "baselines.testing",
 )
 
 
@@ -37,24 +34,6 @@ class Unsupported(Exception):
 
 class CompileError(Exception):
     """Raised when a backend's kernel fails to build (JIT); recorded as `compile_error`."""
-
-
-@dataclass
-class GpuInfo:
-    """What `supports` may look at about the device a case would run on."""
-
-    index: int = 0
-    name: str = "unknown"
-    uuid: str | None = None
-    capability: tuple[int, int] = (0, 0)
-    sm_count: int | None = None
-    total_memory_bytes: int | None = None
-    l2_bytes: int | None = None
-
-    @property
-    def sm(self) -> int:
-        """e.g. 90 for Hopper, 100 for Blackwell B200."""
-        return self.capability[0] * 10 + self.capability[1]
 
 
 @dataclass
@@ -87,32 +66,31 @@ class Prepared:
         head_dim] in any float dtype: the cache as THIS backend stores it, dequantized.
         The float64 reference attends over it, so quantization error is not counted
         against the kernel (it is reported separately as quant_rel_error).
-    bytes: bytes one step must move, only where it differs from suite.bytes_model's count for
+    bytes: bytes one step must move, only where it differs from core.bytes_model's count for
         the case (None: the harness takes the byte model's).
     out: the output buffer `run` writes (poisoned before the checked run), or None.
-    reference_q: the query the reference uses, if the backend's cannot be the source's.
     """
 
     run: Callable[[], Any]
     reference_kv: Callable[[Sequence[int]], tuple[Any, Any]]
     bytes: int | None = None
     out: Any = None
-    reference_q: Any = None
     notes: str = ""
     keepalive: list = field(default_factory=list)
 
 
 class Backend:
-    """Base class: subclasses set the class attributes and implement `prepare`."""
+    """Base class: subclasses set the class attributes, implement `prepare`, and say in
+    `case_reason` which cases or GPUs are out of their reach."""
 
     name: str = ""
     family: str = ""
-    bits: int = 16  # KV storage width: 16 (BF16), 8 (FP8), 4, 2; 0 = the case's int bits
+    kv_format: str = ""  # how it keeps K and V: one of core.bytes_model.FORMATS
+    bits: int = 16  # native KV storage width: 16 (BF16), 8 (FP8), 4, 2; 0 = the case's int bits
     tolerance: float = 1e-2  # relative L2 vs the float64 reference over its own cache
     quantized: bool = False  # True: follows the case's int quantization axes
     description: str = ""
-    test_only: bool = False
-    needs_cuda: bool = True  # False: also runs on the CPU (stand-ins, torch-ref)
+    needs_cuda: bool = True  # False: also runs on the CPU (torch-ref)
 
     # --- declaration --------------------------------------------------------------------
     def case_for(self, case: Case) -> Case | None:
@@ -127,6 +105,8 @@ class Backend:
                 page = case.group_size * -(-case.page_size // case.group_size)
                 return case.with_(page_size=page)
             return case
+        if self.bits < 8 and case.k_mode != "none" and case.bits != self.bits:
+            return None  # a low-bit float format (NVFP4) pairs with the int sweeps of its width
         return case.with_(bits=self.bits, **NO_QUANT)
 
     def available(self) -> str | None:
@@ -135,33 +115,26 @@ class Backend:
 
     def supports(self, case: Case, gpu: GpuInfo | None) -> str | None:
         """None if the backend can run `case` on `gpu`, else the reason it cannot: first
-        whether its library is there, then what the case asks (`case_reason`)."""
+        whether its library is there, then what the case asks (`case_reason`). Subclasses
+        override those two, not this."""
         return self.available() or self.case_reason(case, gpu)
 
     def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
         """Why this case or GPU is out of the backend's reach, once its library is there."""
         return None
 
+    def traffic(self, case: Case) -> Traffic:
+        """The bytes one step must move in this backend's format (core.bytes_model)."""
+        return traffic_for_case(case, self.kv_format)
+
     def memory_bytes(self, case: Case) -> int:
         """Device bytes one prepared copy holds (beyond the source), for fit checks and
         for how many copies cold-L2 rotation may make. Defaults to the byte model."""
-        from suite.bytes_model import traffic_for
-
-        return traffic_for(self, case).total
+        return self.traffic(case).total
 
     # --- measurement input ----------------------------------------------------------------
     def prepare(self, case: Case, source: SourceKV) -> Prepared:
         raise NotImplementedError
-
-    def row(self) -> dict[str, Any]:
-        return {
-            "backend": self.name,
-            "family": self.family,
-            "bits": self.bits or "case",
-            "tolerance": self.tolerance,
-            "available": self.available() or "yes",
-            "description": self.description,
-        }
 
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
@@ -169,19 +142,21 @@ class Backend:
 
 _REGISTRY: dict[str, Backend] = {}
 _LOADED = False
+WIDTHS = (0, 2, 4, 8, 16)
 
 
 def register(cls: type[Backend]) -> type[Backend]:
-    """Class decorator: add one instance of the backend to the registry."""
+    """Class decorator: add one instance of the backend to the registry, its declaration
+    checked."""
     inst = cls()
     if not inst.name:
         raise ValueError(f"{cls.__name__} has no name.")
+    if inst.kv_format not in FORMATS:
+        raise ValueError(f"{inst.name}: kv_format {inst.kv_format!r} is not one of {FORMATS}.")
+    if inst.bits not in WIDTHS:
+        raise ValueError(f"{inst.name}: bits={inst.bits} is not one of {WIDTHS}.")
     _REGISTRY[inst.name] = inst
     return cls
-
-
-def test_backends_enabled() -> bool:
-    return os.environ.get(TEST_BACKENDS_ENV, "") not in ("", "0")
 
 
 def _load() -> None:
@@ -193,12 +168,12 @@ def _load() -> None:
     _LOADED = True
 
 
-def all_backends(include_test: bool | None = None) -> list[Backend]:
-    """Every registered backend (test-only ones only if enabled), in listing order."""
+def all_backends() -> list[Backend]:
+    """Every registered backend, in listing order: by module as BACKEND_MODULES lists them
+    (whichever imported first), then as each module registers them."""
     _load()
-    if include_test is None:
-        include_test = test_backends_enabled()
-    return [b for b in _REGISTRY.values() if include_test or not b.test_only]
+    rank = {mod: i for i, mod in enumerate(BACKEND_MODULES)}
+    return sorted(_REGISTRY.values(), key=lambda b: rank.get(type(b).__module__, len(rank)))
 
 
 def get_backend(name: str) -> Backend:
@@ -211,15 +186,14 @@ def get_backend(name: str) -> Backend:
         ) from None
 
 
-def select_backends(names: Sequence[str] | None, include_test: bool | None = None) -> list[Backend]:
+def select_backends(names: Sequence[str] | None) -> list[Backend]:
     """Backends by name (a trailing '*' matches a prefix), or all of them for None."""
     if not names:
-        return all_backends(include_test)
-    _load()
+        return all_backends()
     chosen: list[Backend] = []
     for name in names:
         if name.endswith("*"):
-            hits = [b for b in _REGISTRY.values() if b.name.startswith(name[:-1])]
+            hits = [b for b in all_backends() if b.name.startswith(name[:-1])]
             if not hits:
                 raise KeyError(f"no backend matches {name!r}; expected one of {sorted(_REGISTRY)}.")
             chosen.extend(h for h in hits if h not in chosen)

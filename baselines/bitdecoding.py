@@ -15,7 +15,7 @@ import inspect
 from typing import Any
 
 from baselines.base import Backend, GpuInfo, Prepared, SourceKV, Unsupported, register
-from suite.cases import Case
+from core.case import Case
 
 BUILD_HINT = (
     "bit_decode is not importable; build BitDecoding from source on the GPU machine: "
@@ -85,7 +85,7 @@ class _BitDecoding(Backend):
             return str(exc)
         return None
 
-    def supports(self, case: Case, gpu: GpuInfo | None) -> str | None:
+    def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
         if case.head_dim != 128:
             return f"BitDecoding is built for head_dim 128 only; this case has {case.head_dim}."
         if case.k_mode != "channel" or case.v_mode != "token":
@@ -97,9 +97,6 @@ class _BitDecoding(Backend):
             return f"BitDecoding takes group size 128 or 32; this case has {case.group_size}."
         if case.kv_len % 128:
             return f"kv_len={case.kv_len} is not a multiple of 128, which its packed-only path needs."
-        reason = self.available()
-        if reason:
-            return reason
         if gpu is not None and gpu.sm and gpu.sm < 80:
             return f"BitDecoding needs sm_80 or newer; this GPU is sm_{gpu.sm}."
         return None

@@ -7,7 +7,8 @@ The wrapper is planned once in `prepare` (host work, never timed); `run` is one 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 from baselines._paging import (
     fp8_dequantize,
@@ -20,8 +21,7 @@ from baselines._paging import (
     shared_workspace,
 )
 from baselines.base import Backend, GpuInfo, Prepared, SourceKV, Unsupported, has_module, register
-from suite.bytes_model import traffic_for
-from suite.cases import Case
+from core.case import Case
 
 WORKSPACE_BYTES = 256 * 1024 * 1024  # split-KV partial results (FlashInfer suggests 128 MB)
 INSTALL_HINT = (
@@ -51,6 +51,17 @@ def call_with_supported(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
 
 
+@dataclass
+class PagedKV:
+    """The cache in one backend's FlashInfer format: paged K and V with their dtype, the
+    arguments `run` takes beside them (scales), and the reference's dequantized view."""
+
+    kv: tuple[Any, Any]
+    kv_dtype: Any
+    reference_kv: Callable[[Sequence[int]], tuple[Any, Any]]
+    run_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
 class _FlashInferDecode(Backend):
     family = "flashinfer"
     use_tensor_cores = False
@@ -74,18 +85,16 @@ class _FlashInferDecode(Backend):
     def memory_bytes(self, case: Case) -> int:
         if self.kv_format == "bf16":
             return WORKSPACE_BYTES  # pages are views of the source K/V: no copy
-        return WORKSPACE_BYTES + traffic_for(self, case).total
+        return WORKSPACE_BYTES + self.traffic(case).total
 
     # --- the cache in this backend's format ---------------------------------------------
-    def convert(self, case: Case, source: SourceKV) -> dict[str, Any]:
+    def convert(self, case: Case, source: SourceKV) -> PagedKV:
         """Paged K and V (plus scales) and the reference's dequantized K/V."""
-        k, v = paged_view(source.k, case.page_size), paged_view(source.v, case.page_size)
-        return {
-            "kv": (k, v),
-            "kv_dtype": source.k.dtype,
-            "run_kwargs": {},
-            "reference_kv": lambda idx: (sample_rows(source.k, idx), sample_rows(source.v, idx)),
-        }
+        return PagedKV(
+            kv=(paged_view(source.k, case.page_size), paged_view(source.v, case.page_size)),
+            kv_dtype=source.k.dtype,
+            reference_kv=lambda idx: (sample_rows(source.k, idx), sample_rows(source.v, idx)),
+        )
 
     def _wrapper(self, workspace: Any) -> Any:
         import flashinfer
@@ -120,13 +129,13 @@ class _FlashInferDecode(Backend):
             case.num_q_heads, case.num_kv_heads, case.head_dim, case.page_size,
             pos_encoding_mode="NONE",
             q_data_type=source.q.dtype,
-            kv_data_type=fmt["kv_dtype"],
+            kv_data_type=fmt.kv_dtype,
             sm_scale=source.sm_scale,
         )
         q = source.q
         takes_out = "out" in inspect.signature(wrapper.run).parameters
         out = torch.empty_like(q) if takes_out else None
-        kv, run_kwargs = fmt["kv"], fmt["run_kwargs"]
+        kv, run_kwargs = fmt.kv, fmt.run_kwargs
 
         if takes_out:
             def run():
@@ -137,7 +146,7 @@ class _FlashInferDecode(Backend):
 
         return Prepared(
             run=run,
-            reference_kv=fmt["reference_kv"],
+            reference_kv=fmt.reference_kv,
             out=out,
             notes=f"flashinfer {flashinfer_version()}",
             keepalive=[workspace, wrapper, pt, fmt],
@@ -180,20 +189,20 @@ class _FlashInferFP8(_FlashInferDecode):
     # against the reference over the same E4M3 cache.
     tolerance = 2e-2
 
-    def convert(self, case: Case, source: SourceKV) -> dict[str, Any]:
+    def convert(self, case: Case, source: SourceKV) -> PagedKV:
         import torch
 
         k8, ks = fp8_quantize(source.k)
         v8, vs = fp8_quantize(source.v)
-        return {
-            "kv": (paged_view(k8, case.page_size), paged_view(v8, case.page_size)),
-            "kv_dtype": torch.float8_e4m3fn,
-            "run_kwargs": {"k_scale": ks, "v_scale": vs},
-            "reference_kv": lambda idx: (
+        return PagedKV(
+            kv=(paged_view(k8, case.page_size), paged_view(v8, case.page_size)),
+            kv_dtype=torch.float8_e4m3fn,
+            run_kwargs={"k_scale": ks, "v_scale": vs},
+            reference_kv=lambda idx: (
                 fp8_dequantize(sample_rows(k8, idx), ks),
                 fp8_dequantize(sample_rows(v8, idx), vs),
             ),
-        }
+        )
 
 
 @register
@@ -222,14 +231,6 @@ class FlashInferNVFP4TC(_FlashInferDecode):
         "16 elements (linear layout), a per-tensor scale; dequantized to BF16 in registers"
     )
 
-    def case_for(self, case: Case) -> Case | None:
-        # a 4-bit format of its own: one case per shape, paired with the 4-bit sweeps
-        if case.bits != 4 and case.k_mode != "none":
-            return None
-        from suite.cases import NO_QUANT
-
-        return case.with_(bits=4, **NO_QUANT)
-
     def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
         reason = super().case_reason(case, gpu)
         if reason:
@@ -247,22 +248,22 @@ class FlashInferNVFP4TC(_FlashInferDecode):
             )
         return None
 
-    def convert(self, case: Case, source: SourceKV) -> dict[str, Any]:
+    def convert(self, case: Case, source: SourceKV) -> PagedKV:
         import torch
 
         kp, ksf, kg = nvfp4_quantize_chunked(source.k)
         vp, vsf, vg = nvfp4_quantize_chunked(source.v)
         ps = case.page_size
-        return {
-            "kv": (paged_view(kp, ps), paged_view(vp, ps)),
-            "kv_dtype": torch.uint8,
-            "run_kwargs": {
+        return PagedKV(
+            kv=(paged_view(kp, ps), paged_view(vp, ps)),
+            kv_dtype=torch.uint8,
+            run_kwargs={
                 "kv_cache_sf": (paged_view(ksf, ps), paged_view(vsf, ps)),
                 "k_scale": kg,
                 "v_scale": vg,
             },
-            "reference_kv": lambda idx: (
+            reference_kv=lambda idx: (
                 nvfp4_dequantize(sample_rows(kp, idx), sample_rows(ksf, idx), kg),
                 nvfp4_dequantize(sample_rows(vp, idx), sample_rows(vsf, idx), vg),
             ),
-        }
+        )

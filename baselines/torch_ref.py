@@ -2,13 +2,12 @@
 correctness: it shows what "dequantize, then attend" gives with nothing clever."""
 from __future__ import annotations
 
-from baselines.base import Backend, Prepared, SourceKV, Unsupported, register  # noqa: F401
-from suite.cases import Case
+from baselines.base import Backend, Prepared, SourceKV, Unsupported, register
+from baselines.foscar import TOLERANCE, _foscar
+from core.case import Case
 
 
 def _foscar_api():
-    from baselines.foscar import _foscar
-
     foscar = _foscar()
     return foscar.quantize, foscar.dequantize, foscar.QuantConfig
 
@@ -19,7 +18,7 @@ class TorchRef(Backend):
     family = "torch"
     bits = 0  # follows the case's int bits
     quantized = True
-    tolerance = 4e-3  # float32 math over the BF16-stored cache; BF16 output rounding
+    tolerance = TOLERANCE  # float32 math over the BF16-stored cache; BF16 output rounding
     needs_cuda = False
     kv_format = "bf16"  # what it reads per step: the dequantized cache, in BF16
     description = "plain torch float32 attention over foscar's dequantized cache stored in BF16"

@@ -8,7 +8,8 @@ error against a float64 reference over the same FP8 cache is a few percent on ra
 (FOSCAR.md section 7 saw 3.8%); its tolerance says so.
 
 `trtllm-nvfp4`: TensorRT-LLM's NVFP4 KV-cache attention runs on trtllm-gen kernels for
-Blackwell only; on Hopper (sm_90) it is `unsupported` with that reason.
+Blackwell only. It is listed so that the Hopper tables say so: it is `unsupported`, with
+that reason, wherever the suite runs (it carries no adapter for those kernels).
 """
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ from baselines._paging import (
 )
 from baselines.base import Backend, GpuInfo, Prepared, SourceKV, Unsupported, has_module, register
 from baselines.flashinfer_decode import INSTALL_HINT, call_with_supported, flashinfer_version
-from suite.bytes_model import traffic_for
-from suite.cases import Case
+from core.case import Case
 
 WORKSPACE_BYTES = 256 * 1024 * 1024  # XQA keeps 8 MB of semaphores at the front
 XQA_SEMAPHORE_BYTES = 8 << 20
@@ -75,7 +75,7 @@ class TrtllmXqaFP8(Backend):
         return None
 
     def memory_bytes(self, case: Case) -> int:
-        return WORKSPACE_BYTES + traffic_for(self, case).total
+        return WORKSPACE_BYTES + self.traffic(case).total
 
     def prepare(self, case: Case, source: SourceKV) -> Prepared:
         import torch
@@ -136,26 +136,11 @@ class TrtllmNVFP4(Backend):
     bits = 4
     kv_format = "nvfp4"
     tolerance = 8e-2
-    description = "TensorRT-LLM NVFP4 KV decode (trtllm-gen kernels, Blackwell only)"
+    description = "TensorRT-LLM NVFP4 KV decode (trtllm-gen kernels, Blackwell only): listed as unsupported"
 
-    def case_for(self, case: Case) -> Case | None:
-        if case.bits != 4 and case.k_mode != "none":
-            return None
-        from suite.cases import NO_QUANT
-
-        return case.with_(bits=4, **NO_QUANT)
-
-    def supports(self, case: Case, gpu: GpuInfo | None) -> str | None:
-        if gpu is None or gpu.sm < 100:
-            arch = f"sm_{gpu.sm}" if gpu is not None and gpu.sm else "not a CUDA GPU"
-            return (
-                "TensorRT-LLM's NVFP4 KV-cache decode runs on trtllm-gen kernels built for "
-                f"Blackwell (sm_100 and newer); this device is {arch}."
-            )
+    def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
+        device = f"sm_{gpu.sm}" if gpu is not None and gpu.sm else "not a CUDA GPU"
         return (
-            "the trtllm-gen NVFP4 adapter (FP8 query, HND pages, interleaved V scales, FP8 "
-            "output) is not written yet; FOSCAR.md section 6 has the paper's B200 figure."
+            "TensorRT-LLM's NVFP4 KV-cache decode runs on trtllm-gen kernels built for Blackwell "
+            f"(sm_100 and newer), which this suite does not drive; this device is {device}."
         )
-
-    def prepare(self, case: Case, source: SourceKV) -> Prepared:
-        raise Unsupported(self.supports(case, None) or "unsupported")

@@ -26,10 +26,10 @@ NVCC_FLAGS = ("-std=c++17", "-O3", "--use_fast_math", "-Xptxas", "-v", "-Xcompil
               "-Xcompiler", "-fvisibility=hidden")
 DEFAULT_ARCH = "sm_90a"
 
-# What one trip of each decode kernel's main loop consumes, per thread: a chunk of 64
-# tokens x 128 channels of K and of V, shared by the 32 lanes of a warp. The instruction
-# analysis divides its loop counts by this.
-KV_ELEMS_PER_LOOP_ITER_PER_THREAD = 64 * 128 * 2 // 32
+# What one trip of each decode kernel's main loop consumes, per consumer thread: a chunk of 64
+# tokens x 128 channels of K and of V, shared by the 128 threads of the consumer warpgroup.
+# The instruction analysis divides its loop counts by this.
+KV_ELEMS_PER_LOOP_ITER_PER_THREAD = 64 * 128 * 2 // 128
 
 
 class BuildError(RuntimeError):
@@ -94,7 +94,7 @@ class BuildResult:
         return meta
 
 
-_TEMPLATE = re.compile(r"foscar_decode_kernel<(\d+), (\d+), (\d+), (true|false), (true|false), (true|false)>")
+_TEMPLATE = re.compile(r"foscar_decode_kernel<(\d+), (\d+), (true|false), (true|false), (true|false)>")
 
 
 def decode_template_args(name: str) -> tuple[int, int, int, int, int] | None:
@@ -102,7 +102,7 @@ def decode_template_args(name: str) -> tuple[int, int, int, int, int] | None:
     m = _TEMPLATE.search(name)
     if not m:
         return None
-    bits, _, group, kch, vch, deq = m.groups()
+    bits, group, kch, vch, deq = m.groups()
     return int(bits), int(group), int(kch == "true"), int(vch == "true"), int(deq == "true")
 
 

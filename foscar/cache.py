@@ -266,29 +266,39 @@ def _codes(x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int
 def _store(cache: QuantizedKVCache, kind: str, phys: torch.Tensor, slot: torch.Tensor, x: torch.Tensor) -> None:
     """Quantize x [n, T, H, D] (float32) into tokens slot .. slot+T-1 of pages phys [n].
 
-    T is a multiple of 16 with 16-aligned slots (whole tiles, written straight), or fewer
-    tokens than one tile (that tile is unpacked, patched and packed again).
+    With B = packing.block_tokens(kind): T a multiple of B at B-aligned slots (whole blocks,
+    written straight), or T inside one block (that block is unpacked, patched and packed again).
     """
     cfg, dim = cache.config, cache.head_dim
     mode = cfg.k_mode if kind == "k" else cfg.v_mode
     codes, params = _quantize_block(x, mode, cfg)
     n, tokens, heads, _ = codes.shape
-    words = getattr(cache, f"{kind}_codes")
-    n_tiles = max(1, tokens // 16)
-    tiles = (slot // 16)[:, None] + torch.arange(n_tiles, device=slot.device)
-    if tokens % 16 == 0:
-        block = codes.view(n, n_tiles, 16, heads, dim).permute(0, 1, 3, 2, 4)
+    blk = packing.block_tokens(kind)
+    words = _blocks_view(cache, kind)  # [pages, heads, page / blk, words_per_block]
+    n_blocks = max(1, tokens // blk)
+    blocks = (slot // blk)[:, None] + torch.arange(n_blocks, device=slot.device)
+    if tokens % blk == 0 and bool((slot % blk == 0).all()):
+        block = codes.view(n, n_blocks, blk, heads, dim).permute(0, 1, 3, 2, 4)
     else:
-        block = packing.unpack_tiles(words[phys[:, None], :, tiles].reshape(-1, words.shape[-1]), cfg.bits, kind, dim)
-        block = block.view(n, heads, 16, dim)
-        rows = (slot % 16)[:, None] + torch.arange(tokens, device=slot.device)
+        block = packing.unpack_tiles(words[phys[:, None], :, blocks].reshape(-1, words.shape[-1]), cfg.bits, kind, dim)
+        block = block.view(n, heads, blk, dim)
+        rows = (slot % blk)[:, None] + torch.arange(tokens, device=slot.device)
         block[torch.arange(n, device=slot.device)[:, None], :, rows] = codes
         block = block.unsqueeze(1)
-    packed = packing.pack_tiles(block.reshape(-1, 16, dim), cfg.bits, kind)
-    words[phys[:, None], :, tiles] = packed.view(n, n_tiles, heads, -1)
+    packed = packing.pack_tiles(block.reshape(-1, blk, dim), cfg.bits, kind)
+    words[phys[:, None], :, blocks] = packed.view(n, n_blocks, heads, -1)
     first = slot * dim // cfg.group_size  # both modes: D / G parameter pairs per token
     index = first[:, None] + torch.arange(params.shape[2], device=slot.device)
     getattr(cache, f"{kind}_params")[phys[:, None], :, index] = params.permute(0, 2, 1, 3)
+
+
+def _blocks_view(cache: QuantizedKVCache, kind: str) -> torch.Tensor:
+    """A kind's code tensor seen as [pages, heads, page / block, words_per_block] (same memory:
+    a block is consecutive 16-token storage rows)."""
+    words = getattr(cache, f"{kind}_codes")
+    pages, heads = words.shape[:2]
+    blk = packing.block_tokens(kind)
+    return words.view(pages, heads, cache.config.page_size // blk, -1)
 
 
 # ----------------------------------------------------------------------------- read back
@@ -389,9 +399,10 @@ def gather_codes(cache: QuantizedKVCache, seqs: torch.Tensor) -> tuple[torch.Ten
     n, pages = phys.shape
     out = []
     for kind in ("k", "v"):
-        words = getattr(cache, f"{kind}_codes")[phys]
+        blk = packing.block_tokens(kind)
+        words = _blocks_view(cache, kind)[phys]
         codes = packing.unpack_tiles(words.reshape(-1, words.shape[-1]), cfg.bits, kind, dim)
-        codes = codes.view(n, pages, heads, page // 16, 16, dim).permute(0, 1, 3, 4, 2, 5)
+        codes = codes.view(n, pages, heads, page // blk, blk, dim).permute(0, 1, 3, 4, 2, 5)
         out.append(codes.reshape(n, pages * page, heads, dim))
     return out[0], out[1]
 

@@ -39,10 +39,10 @@ class QuantConfig:
             raise ValueError(
                 f"param_dtype={self.param_dtype!r} is not supported; expected 'fp16' or 'fp32'."
             )
-        if self.page_size <= 0 or self.page_size % self.group_size or self.page_size % 16:
+        if self.page_size <= 0 or self.page_size % self.group_size or self.page_size % 64:
             raise ValueError(
                 f"page_size={self.page_size!r} must be a positive multiple of group_size="
-                f"{self.group_size} and of 16 (the CUDA kernels also want a multiple of 64); pick "
+                f"{self.group_size} and of 64 (V codes are packed in 64-token blocks); pick "
                 f"page_size={max(self.group_size, 64)} for instance."
             )
 

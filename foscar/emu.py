@@ -1,8 +1,9 @@
 """The CUDA kernels' own source, run on the CPU: `foscar.emu.decode` takes CPU tensors.
 
-foscar/csrc/foscar_emu.h gives the few CUDA features the kernels use (lanes as host threads,
-warp-collective operations, mma.sync and movmatrix in their fragment layouts, instant copies)
-and foscar_emu.cpp runs the grid CTA by CTA, through the same dispatch as the GPU library.
+foscar/csrc/foscar_emu.h gives the CUDA and Hopper features the kernels use (threads as host
+threads, warp collectives, wgmma in its fragment layouts with the H200's accumulation, mbarriers,
+named barriers and the bulk copy engine with their real semantics) and foscar_emu.cpp runs the
+persistent CTAs one after another, through the same dispatch as the GPU library.
 It is slow (seconds for a few hundred tokens) and checks indexing, folding and control flow,
 not speed; the tests run it on every commit, with no GPU (tests/foscar/test_kernels_emu.py).
 
@@ -109,7 +110,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
         return keep[-3], keep[-2], keep[-1]
 
     args = kernels.launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
-                               num_sms=num_sms, warps_per_cta=lib.foscar_emu_warps_per_cta(cache.config.bits),
+                               num_sms=num_sms, ctas_per_sm=lib.foscar_emu_ctas_per_sm(cache.config.bits),
                                workspace=workspace)
     if lib.foscar_emu_decode(ctypes.byref(args)) != 0:
         raise RuntimeError(f"foscar.emu.decode: {lib.foscar_emu_last_error().decode()}")

@@ -7,6 +7,7 @@ the same shared object is what the SASS analysis reads.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 import math
 import threading
 
@@ -15,9 +16,13 @@ import torch
 from foscar.cache import QuantizedKVCache
 from foscar.config import QuantConfig
 
-WARPS_PER_CTA = 8
+CTAS_PER_SM = 3  # what the default build is made for (foscar_ctas_per_sm asks the library)
 CHUNK_TOKENS = 64
 MAX_SPLITS = 64
+# The planner's costs, in chunk times: a work item's setup and finish beside its chunks, and the
+# merge of a sequence's splits.
+ITEM_OVERHEAD_CHUNKS = 1.5
+MERGE_CHUNKS = 1.0
 VARIANTS = ("fold", "dequant")
 
 
@@ -35,6 +40,7 @@ class _Args(ctypes.Structure):
         ("k_channel", ctypes.c_int32), ("v_channel", ctypes.c_int32), ("dequant", ctypes.c_int32),
         ("page_size", ctypes.c_int32), ("max_pages", ctypes.c_int32),
         ("num_splits", ctypes.c_int32), ("units_per_split", ctypes.c_int32),
+        ("num_ctas", ctypes.c_int32),
         ("sm_scale", ctypes.c_float), ("device", ctypes.c_int32),
     ]
 
@@ -66,35 +72,41 @@ def bind(lib: ctypes.CDLL, prefix: str) -> ctypes.CDLL:
     decode.argtypes = [ctypes.POINTER(_Args)] + ([ctypes.c_void_p] if prefix == "foscar" else [])
     decode.restype = ctypes.c_int
     getattr(lib, f"{prefix}_last_error").restype = ctypes.c_char_p
-    warps = getattr(lib, f"{prefix}_warps_per_cta")
-    warps.argtypes = [ctypes.c_int]
-    warps.restype = ctypes.c_int
+    ctas = getattr(lib, f"{prefix}_ctas_per_sm")
+    ctas.argtypes = [ctypes.c_int]
+    ctas.restype = ctypes.c_int
     return lib
 
 
-def unit_tokens(group_size: int) -> int:
-    """Tokens in one unit of split-KV work: whole quantization groups, at least one chunk."""
-    return max(CHUNK_TOKENS, group_size)
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one decode launch covers the work: splits per (sequence, KV head), 64-token chunks
+    per split, and the persistent CTAs that loop over the batch * KV heads * splits items."""
+
+    num_splits: int
+    chunks_per_split: int
+    num_ctas: int
 
 
-def plan_splits(batch: int, num_kv_heads: int, max_units: int, num_sms: int,
-                warps_per_cta: int = WARPS_PER_CTA) -> tuple[int, int]:
-    """(num_splits, units_per_split) that fill the GPU with the least modelled time.
-
-    One CTA per SM runs at a time (its warps use the whole register file); a CTA's time
-    is the units its busiest warp streams plus a fixed cost for its prologue and combine.
-    """
+def plan_launch(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int,
+                ctas_per_sm: int = CTAS_PER_SM) -> LaunchPlan:
+    """The plan with the least modelled time: the busiest CTA's items, each its chunks plus a
+    fixed cost, plus the merge when a sequence is split (batch 1 splits to fill the GPU; a
+    full batch splits only where that evens out the last round of items)."""
+    slots = num_sms * ctas_per_sm
     base = batch * num_kv_heads
-    max_units = max(1, max_units)
+    max_chunks = max(1, max_chunks)
     best = None
-    for splits in range(1, min(MAX_SPLITS, max_units) + 1):
-        per_split = math.ceil(max_units / splits)
-        splits_used = math.ceil(max_units / per_split)
-        waves = math.ceil(base * splits_used / num_sms)
-        cost = waves * (math.ceil(per_split / warps_per_cta) + 0.5)
+    for splits in range(1, min(MAX_SPLITS, max_chunks) + 1):
+        per_split = math.ceil(max_chunks / splits)
+        used = math.ceil(max_chunks / per_split)
+        items = base * used
+        ctas = min(items, slots)
+        rounds = math.ceil(items / ctas)
+        cost = rounds * (per_split + ITEM_OVERHEAD_CHUNKS) + (MERGE_CHUNKS if used > 1 else 0.0)
         if best is None or cost < best[0] - 1e-9:
-            best = (cost, splits_used, per_split)
-    return best[1], best[2]
+            best = (cost, LaunchPlan(used, per_split, ctas))
+    return best[1]
 
 
 def unsupported_reason(num_q_heads: int, num_kv_heads: int, head_dim: int, config: QuantConfig,
@@ -173,11 +185,10 @@ def _check_inputs(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor | 
             f"contiguous bfloat16 tensor shaped like q {tuple(q.shape)} on {q.device}.")
 
 
-def launch_plan(cache: QuantizedKVCache, num_sms: int, warps_per_cta: int = WARPS_PER_CTA) -> tuple[int, int]:
-    """The split plan decode() uses for this cache (exposed for tests and the harness)."""
+def launch_plan(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int = CTAS_PER_SM) -> LaunchPlan:
+    """The plan decode() uses for this cache (exposed for tests and the harness)."""
     max_packed = int(cache.packed_lens.max().item()) if cache.batch else 0
-    unit = unit_tokens(cache.config.group_size)
-    return plan_splits(cache.batch, cache.num_kv_heads, math.ceil(max_packed / unit), num_sms, warps_per_cta)
+    return plan_launch(cache.batch, cache.num_kv_heads, math.ceil(max_packed / CHUNK_TOKENS), num_sms, ctas_per_sm)
 
 
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
@@ -196,7 +207,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     args = launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
-                       num_sms=num_sms, warps_per_cta=lib.foscar_warps_per_cta(cache.config.bits),
+                       num_sms=num_sms, ctas_per_sm=lib.foscar_ctas_per_sm(cache.config.bits),
                        workspace=lambda *sizes: _workspace(q.device, *sizes), device=device)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     if lib.foscar_decode(ctypes.byref(args), ctypes.c_void_p(stream)) != 0:
@@ -206,7 +217,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
 
 
 def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, sm_scale: float | None,
-                variant: str, num_splits: int | None, num_sms: int, warps_per_cta: int,
+                variant: str, num_splits: int | None, num_sms: int, ctas_per_sm: int,
                 workspace, device: int = 0) -> _Args:
     """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
 
@@ -217,14 +228,16 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     cfg = cache.config
     batch, num_q_heads, head_dim = q.shape
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
-    splits, per_split = _plan_cached(cache, num_sms, warps_per_cta)
+    plan = _plan_cached(cache, num_sms, ctas_per_sm)
+    splits, per_split, ctas = plan.num_splits, plan.chunks_per_split, plan.num_ctas
     if num_splits is not None:
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
             raise ValueError(f"num_splits={num_splits!r} is not a split count; pass an int >= 1, "
                              "or None for the automatic plan.")
-        max_units = splits * per_split
-        per_split = math.ceil(max_units / num_splits)
-        splits = math.ceil(max_units / per_split)
+        max_chunks = splits * per_split
+        per_split = math.ceil(max_chunks / num_splits)
+        splits = math.ceil(max_chunks / per_split)
+        ctas = min(batch * cache.num_kv_heads * splits, num_sms * ctas_per_sm)
     ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
                                       batch * cache.num_kv_heads)
     return _Args(
@@ -235,18 +248,18 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         batch, num_q_heads, cache.num_kv_heads, head_dim,
         cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
         int(variant == "dequant"), cfg.page_size, cache.page_table.shape[1],
-        splits, per_split, scale, device,
+        splits, per_split, ctas, scale, device,
     )
 
 
-def _plan_cached(cache: QuantizedKVCache, num_sms: int, warps_per_cta: int) -> tuple[int, int]:
+def _plan_cached(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int) -> LaunchPlan:
     # The plan reads seq_lens back from the GPU once per cache object, not per step, so a
     # decode step inside a CUDA graph capture never synchronizes. After `append` grows the
     # cache in place the plan may be stale; the kernel's last split takes every remaining
     # unit, so a stale plan costs balance, never correctness.
-    key = ("_foscar_plan", num_sms, warps_per_cta)
+    key = ("_foscar_plan", num_sms, ctas_per_sm)
     plan = getattr(cache, "_plan_memo", None)
     if plan is None or plan[0] != key or plan[2] is not cache.seq_lens:
-        plan = (key, launch_plan(cache, num_sms, warps_per_cta), cache.seq_lens)
+        plan = (key, launch_plan(cache, num_sms, ctas_per_sm), cache.seq_lens)
         cache._plan_memo = plan
     return plan[1]

@@ -13,7 +13,9 @@ from foscar import packing
 from foscar.cache import QuantizedKVCache, gather_params
 
 F64 = torch.float64
-BIAS = 128.0  # injected bf16 values are 128 + f * c
+K_BIAS = packing.OPERANDS["k"][1]  # K codes become fp16 1024 + f c
+V_BIAS = packing.OPERANDS["v"][1]  # V codes become bf16 128 + f c
+OPERAND_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def attention_f64(
@@ -52,11 +54,11 @@ def folded_attention_f64(
 ) -> torch.Tensor:
     """Decode attention over a quantized cache, folded as the kernels fold it, in float64.
 
-    Reads the packed words through the extraction schedule (bf16 128 + f*c), folds scale,
-    offset, radix factor and the 128 bias per FOSCAR.md section 3 for the cache's (k_mode,
-    v_mode), and attends the BF16 tail exactly. round_operands=True rounds the folded MMA
-    operands (q/f, q*s/f, p, p*s) to bf16 as the kernels will (or pass a dtype, e.g.
-    torch.float16, to round to that); the default False keeps them exact.
+    Reads the packed words through the extraction schedule (K: fp16 1024 + f*c, V: bf16
+    128 + f*c), folds scale, offset, radix factor and the bias per FOSCAR.md section 3 for the
+    cache's (k_mode, v_mode), and attends the BF16 tail exactly. round_operands=True rounds the
+    folded MMA operands to the kernels' types (q/f and q*s/f to fp16, p and p*s to bf16), or
+    pass a dtype to round every operand to that; the default False keeps them exact.
     Returns float64 [batch, num_q_heads, head_dim].
     """
     cfg = cache.config
@@ -69,7 +71,7 @@ def folded_attention_f64(
         )
     _check_gqa(num_q_heads, heads)
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
-    rnd = _rounder(round_operands)
+    rnd_k, rnd_v = _rounder(round_operands, "k"), _rounder(round_operands, "v")
     qg = q.to(F64).view(batch, heads, -1, dim)  # [b, h, r, d]
 
     seqs = torch.arange(batch, device=cache.device)
@@ -80,7 +82,7 @@ def folded_attention_f64(
     fv = packing.channel_radix(cfg.bits, "v", dim).to(cache.device, F64)
 
     fold_k = _scores_token_k if cfg.k_mode == "token" else _scores_channel_k
-    scores = fold_k(qg, ek, k_params.to(F64), fk, group, rnd)  # [b, h, r, T]
+    scores = fold_k(qg, ek, k_params.to(F64), fk, group, rnd_k)  # [b, h, r, T]
     tail_k = cache.k_tail.to(F64)  # [b, h, G, d]
     tail_scores = torch.einsum("bhrd,bhid->bhri", qg, tail_k)
 
@@ -94,7 +96,7 @@ def folded_attention_f64(
     p_packed, p_tail = p[..., : scores.shape[-1]], p[..., scores.shape[-1] :]
 
     fold_v = _output_token_v if cfg.v_mode == "token" else _output_channel_v
-    out = fold_v(p_packed, ev, v_params.to(F64), fv, group, rnd)
+    out = fold_v(p_packed, ev, v_params.to(F64), fv, group, rnd_v)
     out = out + torch.einsum("bhri,bhid->bhrd", p_tail, cache.v_tail.to(F64))
     out = out / p.sum(dim=-1, keepdim=True)
     return out.reshape(batch, num_q_heads, dim)
@@ -104,31 +106,35 @@ def folded_attention_f64(
 
 
 def _injected(words: torch.Tensor, cache: QuantizedKVCache, kind: str) -> torch.Tensor:
-    """bf16 operands made from the packed words, as float64 [b, T, h, d]: exactly 128 + f_d * c.
+    """The operands made from the packed words, as float64 [b, T, h, d]: exactly bias + f_d * c.
 
-    ((word >> shift) & mask) | 0x43004300, per the extraction schedule, read as two bf16.
+    packing.extract per position (the kernels' shift, mask and bias), read as two fp16 (K) or
+    bf16 (V) values.
     """
     cfg, dim, heads = cache.config, cache.head_dim, cache.num_kv_heads
-    page = cfg.page_size
+    page, blk = cfg.page_size, packing.block_tokens(kind)
+    dtype = OPERAND_DTYPES[packing.OPERANDS[kind][0]]
     phys = cache.page_table.long()
     batch, pages = phys.shape
-    tiles = words[phys]  # [b, pages, h, page/16, words]
+    blocks = words.view(*words.shape[:2], page // blk, -1)[phys]  # [b, pages, h, page/blk, words]
     values = []
-    for shift, mask in packing.extraction_schedule(cfg.bits):
-        bits = ((tiles >> shift) & mask) | packing.BF16_128_PAIR
-        pair = bits.view(torch.int16).view(torch.bfloat16)  # little endian: half 0 first
+    for k in range(packing.positions_per_half(cfg.bits)):
+        pair = packing.extract(blocks, cfg.bits, kind, k).view(torch.int16).view(dtype)  # half 0 first
         values.append(pair.unflatten(-1, (-1, 2)).to(F64))  # [..., words, 2]
     slots = torch.stack(values, dim=-1).flatten(-3)  # [..., words * 2 * P]
     inverse = torch.argsort(packing.tile_positions(cfg.bits, kind, dim).view(-1)).to(slots.device)
-    tile = slots[..., inverse].unflatten(-1, (16, dim))  # [b, pages, h, page/16, 16, d]
-    return tile.permute(0, 1, 3, 4, 2, 5).reshape(batch, pages * page, heads, dim)
+    block = slots[..., inverse].unflatten(-1, (blk, dim))  # [b, pages, h, page/blk, blk, d]
+    return block.permute(0, 1, 3, 4, 2, 5).reshape(batch, pages * page, heads, dim)
 
 
-def _rounder(round_operands: bool | torch.dtype):
-    """The operand rounding of the MMA inputs: none, bf16, or a given dtype."""
+def _rounder(round_operands: bool | torch.dtype, kind: str):
+    """The rounding of a kind's folded MMA operand: none, the kernels' type, or a given dtype."""
     if round_operands is False:
         return lambda x: x
-    dtype = torch.bfloat16 if round_operands is True else round_operands
+    if round_operands is True:
+        dtype = OPERAND_DTYPES[packing.OPERANDS[kind][0]]
+    else:
+        dtype = round_operands
     return lambda x: x.to(dtype).to(F64)
 
 
@@ -136,7 +142,7 @@ def _rounder(round_operands: bool | torch.dtype):
 
 
 def _scores_token_k(qg, ek, params, f, group, rnd):
-    """Token-wise K, accumulator fold: per channel group g, s_{t,g} (acc - 128 sum q/f) + z_{t,g} sum q."""
+    """Token-wise K, accumulator fold: per channel group g, s_{t,g} (acc - 1024 sum q/f) + z_{t,g} sum q."""
     b, h, r, d = qg.shape
     n_groups = d // group
     q_f = rnd(qg / f).view(b, h, r, n_groups, group)  # the radix factor folds into Q
@@ -146,7 +152,7 @@ def _scores_token_k(qg, ek, params, f, group, rnd):
     q_sum = qg.view(b, h, r, n_groups, group).sum(-1)[:, :, :, None, :]
     scale = params[..., 0].permute(0, 2, 1, 3)[:, :, None]  # [b, h, 1, t, g]
     offset = params[..., 1].permute(0, 2, 1, 3)[:, :, None]
-    return (scale * (acc - BIAS * q_f_sum) + offset * q_sum).sum(-1)
+    return (scale * (acc - K_BIAS * q_f_sum) + offset * q_sum).sum(-1)
 
 
 def _scores_channel_k(qg, ek, params, f, group, rnd):
@@ -157,7 +163,7 @@ def _scores_channel_k(qg, ek, params, f, group, rnd):
     q_t = rnd(qg[:, :, :, None, :] * scale / f)  # [b, h, r, j, d]
     e = ek.view(b, -1, group, h, d)  # [b, j, i, h, d]
     acc = torch.einsum("bhrjd,bjihd->bhrji", q_t, e)
-    bias = BIAS * q_t.sum(-1)  # [b, h, r, j]
+    bias = K_BIAS * q_t.sum(-1)  # [b, h, r, j]
     shift = (qg[:, :, :, None, :] * offset).sum(-1)
     return (acc - bias[..., None] + shift[..., None]).flatten(-2)
 
@@ -166,7 +172,7 @@ def _scores_channel_k(qg, ek, params, f, group, rnd):
 
 
 def _output_token_v(p, ev, params, f, group, rnd):
-    """Token-wise V, operand fold: p~ = p s_{t,g} per channel group, then / f_d, minus 128 sum p~, plus sum p z."""
+    """Token-wise V, operand fold: p~ = p s_{t,g} per channel group, then / f_d, minus 128 sum p~ / f_d, plus sum p z."""
     b, h, _, t = p.shape
     d = ev.shape[-1]
     n_groups = d // group
@@ -175,7 +181,7 @@ def _output_token_v(p, ev, params, f, group, rnd):
     p_s = rnd(p[..., None] * scale)  # [b, h, r, t, g]: one P operand per channel group
     e = ev.view(b, t, h, n_groups, group)
     acc = torch.einsum("bhrtg,bthgi->bhrgi", p_s, e)
-    bias = BIAS * p_s.sum(3)[..., None]  # [b, h, r, g, 1]
+    bias = V_BIAS * p_s.sum(3)[..., None]  # [b, h, r, g, 1]
     shift = (p[..., None] * offset).sum(3)[..., None]
     return ((acc - bias) / f.view(n_groups, group) + shift).flatten(-2)
 
@@ -187,7 +193,7 @@ def _output_channel_v(p, ev, params, f, group, rnd):
     p_t = rnd(p).view(b, h, r, -1, group)  # [b, h, r, j, i]
     e = ev.view(b, -1, group, h, d)  # [b, j, i, h, d]
     acc = torch.einsum("bhrji,bjihd->bhrjd", p_t, e)  # one MMA per token group, never mixed
-    bias = BIAS * p_t.sum(-1)[..., None]  # the bias sum uses the same (rounded) operand
+    bias = V_BIAS * p_t.sum(-1)[..., None]  # the bias sum uses the same (rounded) operand
     mass = p.view(b, h, r, -1, group).sum(-1)[..., None]
     scale = params[..., 0].permute(0, 2, 1, 3)[:, :, None]  # [b, h, 1, j, d]
     offset = params[..., 1].permute(0, 2, 1, 3)[:, :, None]

@@ -49,18 +49,15 @@ _KNOWN = (
     ("foscar-int4-fp16", "FOSCAR INT4, fp16 operands (exp.)", "#fcbba1"),
     ("foscar-int2-fp16", "FOSCAR INT2, fp16 operands (exp.)", "#b35806"),
 )
-# Names used in earlier plans, shown like the backend they became.
-_ALIASES = {"flashinfer-bf16-cuda": "flashinfer-bf16", "flashinfer-nvfp4": "flashinfer-nvfp4-tc"}
 _BY_NAME = {name: BackendInfo(name, label, color, i) for i, (name, label, color) in enumerate(_KNOWN)}
 _SPARE_COLORS = ("#9467bd", "#000000", "#005a32", "#fee391", "#737373", "#4a1486")
 
 
 def info(name: str) -> BackendInfo:
+    """A registered backend's label, colour and order; any other name (a removed backend
+    in an older store) as itself, in a spare colour, after the known ones."""
     if name in _BY_NAME:
         return _BY_NAME[name]
-    if name in _ALIASES:
-        known = _BY_NAME[_ALIASES[name]]
-        return BackendInfo(name, known.label, known.color, known.order)
     color = _SPARE_COLORS[sum(map(ord, name)) % len(_SPARE_COLORS)]
     return BackendInfo(name, name, color, 100)
 

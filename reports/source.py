@@ -1,13 +1,13 @@
-"""Reading the results store for reports (records, runs, envs, run/commit names): the one place touching suite.store."""
+"""Reading the results store for reports (records, runs, envs, run/commit names): the one place touching core.store."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+from core.store import DEFAULT_DB, ResultStore, StoreError
 
 BUNDLED_DB = Path(__file__).parent / "data" / "bundled.sqlite"
 NUMERIC = (
@@ -38,8 +38,6 @@ class Results:
 
 
 def default_db() -> Path:
-    from suite.store import DEFAULT_DB
-
     return Path(DEFAULT_DB)
 
 
@@ -89,33 +87,42 @@ def from_frames(records: pd.DataFrame, runs: pd.DataFrame | None = None, db: str
 
 
 def open_store(db: str | Path) -> Results:
-    """Every run and record of a store file; a missing file is a SourceError, not a new file."""
+    """Every run and record of a store file, opened read-only: the file is never created,
+    migrated or written (a read-only file system works). Any problem is a SourceError."""
     path = Path(db)
     if not path.exists():
-        raise SourceError(
-            f"results store {path} does not exist; run `foscar-bench sweep` first, pass --db, "
-            "or use --bundled."
-        )
-    from suite.store import ResultStore
+        raise SourceError(f"results store {path} does not exist; run `foscar-bench sweep` first, or pass --db.")
+    return _read(path, immutable=False)
 
-    store = ResultStore(path)
+
+def _read(path: Path, immutable: bool) -> Results:
     try:
-        return from_frames(store.records(), store.runs(), db=str(path))
-    finally:
-        store.close()
+        with ResultStore(path, readonly=True, immutable=immutable) as store:
+            return from_frames(store.records(), store.runs(), db=str(path))
+    except StoreError as exc:
+        raise SourceError(str(exc)) from None
+
+
+def open_stores(dbs: list[str | Path]) -> Results:
+    """Several stores read as one (each read-only); a run found in two counts once."""
+    parts = [open_store(db) for db in dbs]
+    if len(parts) == 1:
+        return parts[0]
+    records = pd.concat([p.records for p in parts], ignore_index=True)
+    runs = pd.concat([p.runs for p in parts], ignore_index=True).drop_duplicates("run_id")
+    records = records.drop_duplicates(["run_id", "case_key", "backend", "created_at"])
+    return Results(records=records, runs=runs, db=", ".join(p.db for p in parts))
 
 
 def open_bundled() -> Results:
-    """The bundled H200 results, read from a scratch copy so the shipped file never changes."""
+    """The bundled H200 results. The shipped file is read as immutable, so SQLite neither
+    changes it nor leaves a -wal or -shm file beside it."""
     if not BUNDLED_DB.exists():
         raise SourceError(
             f"no bundled results ship with this checkout ({BUNDLED_DB} is absent); "
             "render your own store with `foscar-bench report --db PATH`."
         )
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / BUNDLED_DB.name
-        shutil.copyfile(BUNDLED_DB, copy)
-        results = open_store(copy)
+    results = _read(BUNDLED_DB, immutable=True)
     results.db = f"{BUNDLED_DB} (bundled)"
     return results
 

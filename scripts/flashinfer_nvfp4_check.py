@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baselines.flashinfer_decode import call_with_supported  # noqa: E402
-from suite.bytes_model import traffic  # noqa: E402
+from core.bytes_model import traffic  # noqa: E402
 
 # (name, kv layout, query dtype, use_tensor_cores): FlashInfer's benchmark configuration
 # first, ours second, then what differs one factor at a time.
@@ -105,7 +105,7 @@ def time_config(name: str, layout: str, q_dtype: str, tensor_cores: bool, shape:
 def time_adapter(shape: dict, dev) -> dict:
     """Our registered backend through our harness: the number the sweep records."""
     from baselines.base import get_backend
-    from suite.cases import Case
+    from core.case import Case
     from suite.runner import make_source
     from suite.timing import l2_plan, time_gpu
 

@@ -46,7 +46,7 @@ for stage in $STAGES; do
         timeout 420 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" \
             --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
     alu)
-        RUN=$(python3 -c "from suite.store import ResultStore; print(ResultStore('$W/paper.sqlite').latest_run())")
+        RUN=$(python3 -c "from core.store import ResultStore; print(ResultStore('$W/paper.sqlite', readonly=True).latest_run())")
         timeout 240 python3 -m suite alu -b foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2,flashinfer-bf16-tc,trtllm-xqa-fp8 \
             --batch 128 --kv-len 32768 --iters 2 --run "$RUN" --db "$W/paper.sqlite" --json-out "$W/alu.json" 2>&1 | tail -16 | tee -a "$LOG" ;;
     full)

@@ -1,43 +1,35 @@
-"""Kernel experiments: build several variants of libfoscar (kernel knobs as -D flags), check
-each against float64 attention, then time them interleaved on the same caches.
+"""Kernel experiments: build several variants of libfoscar (kernel knobs as -D flags), then
+measure each through the harness's own path, the one `foscar-bench sweep` takes.
 
   PYTHONPATH=. python scripts/kernel_lab.py \
       --variant v4= --variant cp=FOSCAR_BULK=0 --variant w12=FOSCAR_WARPS_INT2=12 \
       --configs 4ct,2ct --json $OUT/lab.json
 
 A variant is NAME=KNOB[,KNOB...] where each KNOB is FOSCAR_NAME=VALUE (foscar_decode.cuh).
-`--profile NAME` runs one launch of that variant per config inside the NVTX range
-`lab_<config>` for `ncu --nvtx --nvtx-include 'lab_4ct/'` and skips timing.
+A config is bits + K mode + V mode (t token, c channel), `d` at the end for the dequantize
+ablation: 4ct, 2ct, 4tcd.
 
-Timing: CUDA events around `--reps` launches back to back (their mean is one sample), after
-a warm-up; the variants take turns in rounds so that clock drift hits all of them alike;
-median and the 10th/90th percentiles over the rounds. The caches are GBs at the default
-shape, far past the 60 MB L2, so every launch reads HBM; for small shapes pass --rotate N to
-cycle through N copies of the cache.
-A variant whose output disagrees with the reference (or leaves an element unwritten) is
-reported as wrong and not timed.
+Each (config, variant) is one harness measurement (suite.runner.measure of a
+baselines.foscar.FoscarVariant): the float64 check with the suite's tolerance, then cold-L2
+timing (CUDA-graph replays, copies rotated or L2 flushed when the cache is small), p10/p90
+interpolated, bytes from core.bytes_model. So "passed", p10 and TB/s mean here what they
+mean in the sweep and in docs/PERFORMANCE.md. A variant that fails the check is not timed.
+`--rounds N` lets the variants take turns N times (clock drift then hits all alike).
+
+`--profile NAME` runs one launch of that variant per config, after the same check, inside
+the NVTX range `lab_<config>` for `ncu --nvtx --nvtx-include 'lab_4ct/'`, and skips timing.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import torch
-
-import foscar
-from foscar import kernels
-from foscar.build import build
-from foscar.config import QuantConfig
-from foscar.reference import attention_f64
-from suite.bytes_model import datasheet_peak_tbps
-
-TOLERANCE = 4e-3
 MODES = {"t": "token", "c": "channel"}
+ARCH = "sm_90a"
 
 
 def parse_variant(spec: str) -> tuple[str, tuple[str, ...]]:
@@ -47,37 +39,81 @@ def parse_variant(spec: str) -> tuple[str, tuple[str, ...]]:
     return name, tuple(f"-D{k}" for k in knobs.split(",") if k)
 
 
-def parse_config(spec: str, group: int, page: int) -> tuple[QuantConfig, str]:
+def parse_config(spec: str) -> tuple[int, str, str, str]:
+    """'4ct' -> (bits, k_mode, v_mode, kernel variant); a trailing 'd' is the dequant ablation."""
     if len(spec) < 3 or spec[0] not in "24" or spec[1] not in MODES or spec[2] not in MODES:
         raise SystemExit(f"--configs entry {spec!r}: expected bits + K mode + V mode, e.g. 4ct")
-    variant = "dequant" if spec.endswith("d") else "fold"
-    cfg = QuantConfig(bits=int(spec[0]), group_size=group, k_mode=MODES[spec[1]], v_mode=MODES[spec[2]],
-                      page_size=page)
-    return cfg, variant
+    return int(spec[0]), MODES[spec[1]], MODES[spec[2]], "dequant" if spec.endswith("d") else "fold"
 
 
-def check(q, cache, lens, lib, variant) -> float:
-    out = torch.full_like(q, float("nan"))
-    kernels.decode(q, cache, out=out, variant=variant, library=lib)
+def make_case(args: argparse.Namespace, spec: str):
+    from core.case import MODELS, Case
+
+    bits, k_mode, v_mode, _ = parse_config(spec)
+    shape = (args.q_heads, args.kv_heads, 128)
+    model = next((name for name, heads in MODELS.items() if heads == shape), "custom")
+    return Case(batch=args.batch, kv_len=args.kv_len, num_q_heads=args.q_heads, num_kv_heads=args.kv_heads,
+                head_dim=128, bits=bits, k_mode=k_mode, v_mode=v_mode, group_size=args.group,
+                page_size=args.page, model=model)
+
+
+def build_variants(variants: list[tuple[str, tuple[str, ...]]]) -> dict:
+    """name -> loaded library, each build's registers and spills printed."""
+    from foscar import kernels
+    from foscar.build import build
+
+    t0 = time.time()
+    with ThreadPoolExecutor(max_workers=len(variants)) as pool:  # builds in parallel, then loads from the cache
+        builds = list(pool.map(lambda v: build(ARCH, defines=v[1]), variants))
+    libs = {name: kernels.load_library(ARCH, defines) for name, defines in variants}
+    for (name, defines), res in zip(variants, builds):
+        hot = [r for r in res.resources if "decode_kernel" in r.name]
+        regs = sorted({r.registers for r in hot})
+        spills = sum(r.spill_store_bytes + r.spill_load_bytes for r in hot)
+        print(f"built {name} {' '.join(defines) or '(defaults)'}: registers {regs}, spill bytes {spills}, "
+              f"warps/CTA int4 {libs[name].foscar_warps_per_cta(4)} int2 {libs[name].foscar_warps_per_cta(2)}",
+              flush=True)
+    print(f"builds: {time.time() - t0:.0f} s", flush=True)
+    return libs
+
+
+def profile(case, backend, ctx, spec: str) -> None:
+    """The harness's check, then one launch inside the NVTX range ncu filters on."""
+    import torch
+
+    from suite.runner import check, source_for
+
+    source = source_for(ctx, case)
+    prepared = backend.prepare(case, source)
+    _, wrong = check(case, backend, prepared, source, ctx)
+    if wrong:
+        print(f"{spec} {backend.name}: WRONG, {wrong} not profiled", flush=True)
+        return
+    prepared.run()
     torch.cuda.synchronize()
-    if not torch.isfinite(out).all():
-        return math.inf
-    rows = sorted({0, len(lens) // 2, len(lens) - 1})
-    kd, vd = foscar.dequantize(cache, rows, dtype=torch.float64)
-    ref = attention_f64(q[rows], kd, vd, [lens[i] for i in rows])
-    return ((out[rows].double() - ref).norm() / ref.norm()).item()
+    torch.cuda.nvtx.range_push(f"lab_{spec}")
+    prepared.run()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+    print(f"profiled {spec} {backend.name}", flush=True)
 
 
-def time_batch(fns) -> float:
-    """Mean microseconds per launch of `fns` run back to back between two events: the host
-    enqueues faster than the GPU drains, so no launch overhead sits inside the interval."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for fn in fns:
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3 / len(fns)
+def lab_row(spec: str, name: str, round_: int, record) -> dict:
+    flat = record.flat()
+    flat.pop("traceback", None)
+    return {"config": spec, "variant": name, "round": round_, **flat}
+
+
+def print_table(rows: list[dict]) -> None:
+    def num(row, key, fmt, scale=1.0):
+        value = row.get(key)
+        return format(value * scale, fmt) if isinstance(value, (int, float)) and not math.isnan(value) else "-"
+
+    print(f"\n{'config':<7}{'variant':<12}{'status':<12}{'us':>9}{'p10':>9}{'p90':>9}{'TB/s':>7}{'%peak':>7}{'err':>10}")
+    for r in rows:
+        print(f"{r['config']:<7}{r['variant']:<12}{r['status']:<12}{num(r, 'median_us', '9.1f')}"
+              f"{num(r, 'p10_us', '9.1f')}{num(r, 'p90_us', '9.1f')}{num(r, 'eff_bandwidth_tbps', '7.2f')}"
+              f"{num(r, 'frac_peak_datasheet', '7.1f', 100)}{num(r, 'rel_error', '10.2e')}")
 
 
 def main() -> int:
@@ -90,9 +126,7 @@ def main() -> int:
     ap.add_argument("--q-heads", type=int, default=32)
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--page", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--reps", type=int, default=5, help="launches per sample")
-    ap.add_argument("--rotate", type=int, default=1, help="cache copies to cycle through (small shapes)")
+    ap.add_argument("--rounds", type=int, default=1, help="times the variants take turns (each a full measurement)")
     ap.add_argument("--profile", default=None, help="variant to run once per config for ncu")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -101,93 +135,41 @@ def main() -> int:
         variants = [v for v in variants if v[0] == args.profile]
         if not variants:
             raise SystemExit(f"--profile {args.profile!r} names no --variant")
+    specs = args.configs.split(",")
+    cases = {spec: make_case(args, spec) for spec in specs}  # a bad config fails before any build
 
-    t0 = time.time()
-    with ThreadPoolExecutor(max_workers=len(variants)) as pool:  # builds in parallel, then loads from the cache
-        builds = list(pool.map(lambda v: build("sm_90a", defines=v[1]), variants))
-    libs = {name: kernels.load_library("sm_90a", defines) for name, defines in variants}
-    for (name, defines), res in zip(variants, builds):
-        hot = [r for r in res.resources if "decode_kernel" in r.name]
-        regs = sorted({r.registers for r in hot})
-        spills = sum(r.spill_store_bytes + r.spill_load_bytes for r in hot)
-        print(f"built {name} {' '.join(defines) or '(defaults)'}: registers {regs}, spill bytes {spills}, "
-              f"warps/CTA int4 {libs[name].foscar_warps_per_cta(4)} int2 {libs[name].foscar_warps_per_cta(2)}",
-              flush=True)
-    print(f"builds: {time.time() - t0:.0f} s", flush=True)
+    from baselines.foscar import FoscarVariant
+    from suite.runner import measure
+    from suite.worker import make_context
 
-    peak = datasheet_peak_tbps(torch.cuda.get_device_name(0)) or float("nan")
-    torch.manual_seed(0)
-    B, L, D = args.batch, args.kv_len, 128
-    q = torch.randn(B, args.q_heads, D, device="cuda", dtype=torch.bfloat16)
-    lens = [L] * B
+    libs = build_variants(variants)
+    ctx = make_context("0", {"read_ceiling": False})
     rows = []
-    kv = None
-    for spec in args.configs.split(","):
-        cfg, kvariant = parse_config(spec, args.group, args.page)
-        if kv is None:
-            kv = (torch.randn(B, L, args.kv_heads, D, device="cuda", dtype=torch.bfloat16),
-                  torch.randn(B, L, args.kv_heads, D, device="cuda", dtype=torch.bfloat16))
-        caches = [foscar.quantize(kv[0], kv[1], lens, cfg, shuffle_pages=True, seed=i) for i in range(args.rotate)]
-        nbytes = caches[0].nbytes()["total"] + 2 * q.numel() * 2
-        ok = {}
-        for name, _ in variants:
-            row = {"config": spec, "tag": cfg.tag, "variant": name, "batch": B, "kv_len": L, "bytes": nbytes}
-            rows.append(row)
-            try:
-                err = check(q, caches[0], lens, libs[name], kvariant)
-            except Exception as exc:  # noqa: BLE001 - one broken variant must not end the run
-                row.update(status="crashed", reason=f"{type(exc).__name__}: {exc}"[:300])
-                print(f"{spec} {name}: CRASHED: {row['reason']}", flush=True)
-                continue
-            row["rel_error"] = err
-            if err <= TOLERANCE:
-                ok[name] = row
-            else:
-                row["status"] = "incorrect"
-                print(f"{spec} {name}: WRONG, relative error {err:.3e}; not timed", flush=True)
-        out = torch.empty_like(q)
+    for spec in specs:
+        case = cases[spec]
+        kernel_variant = parse_config(spec)[3]
+        backends = [FoscarVariant(name, case.bits, libs[name], variant=kernel_variant, defines=defines)
+                    for name, defines in variants]
         if args.profile:
-            for name in ok:
-                fn = lambda: kernels.decode(q, caches[0], out=out, variant=kvariant, library=libs[name])  # noqa: E731
-                fn(), fn()
-                torch.cuda.synchronize()
-                torch.cuda.nvtx.range_push(f"lab_{spec}")
-                fn()
-                torch.cuda.synchronize()
-                torch.cuda.nvtx.range_pop()
-                print(f"profiled {spec} {name}", flush=True)
-            del caches
+            for backend in backends:
+                profile(case, backend, ctx, spec)
             continue
-        samples = {name: [] for name in ok}
-        for name in ok:  # warm-up
-            for c in caches[:2]:
-                kernels.decode(q, c, out=out, variant=kvariant, library=libs[name])
-        torch.cuda.synchronize()
-
-        def launcher(name, c):
-            return lambda: kernels.decode(q, c, out=out, variant=kvariant, library=libs[name])
-
-        for r in range(args.rounds):
-            for name in ok:
-                fns = [launcher(name, caches[(r * args.reps + j) % len(caches)]) for j in range(args.reps)]
-                samples[name].append(time_batch(fns))
-        for name, row in ok.items():
-            ts = sorted(samples[name])
-            med = statistics.median(ts)
-            row.update(status="passed", median_us=med, p10_us=ts[len(ts) // 10], p90_us=ts[(9 * len(ts)) // 10],
-                       n=len(ts), tbps=nbytes / med / 1e6, frac_peak=nbytes / med / 1e6 / peak)
-            print(json.dumps(row), flush=True)
-        del caches
-        torch.cuda.empty_cache()
+        for round_ in range(args.rounds):
+            for backend in backends:
+                record, fatal = measure(case, backend, ctx)
+                rows.append(lab_row(spec, backend.name, round_, record))
+                print(json.dumps(rows[-1], default=str), flush=True)
+                if record.status != "passed":
+                    print(f"{spec} {backend.name}: {record.status.upper()}: {record.reason}", flush=True)
+                if fatal:
+                    raise SystemExit(f"{spec} {backend.name} left the CUDA context unusable; stopping.")
     if not args.profile:
-        print(f"\n{'config':<7}{'variant':<12}{'status':<10}{'us':>9}{'p10':>9}{'p90':>9}{'TB/s':>7}{'%peak':>7}{'err':>10}")
-        for r in rows:
-            print(f"{r['config']:<7}{r['variant']:<12}{r.get('status', ''):<10}{r.get('median_us', math.nan):>9.1f}"
-                  f"{r.get('p10_us', math.nan):>9.1f}{r.get('p90_us', math.nan):>9.1f}{r.get('tbps', math.nan):>7.2f}"
-                  f"{100 * r.get('frac_peak', math.nan):>7.1f}{r.get('rel_error', math.nan):>10.2e}")
+        print_table(rows)
     if args.json:
+        peak = ctx.gpu_env.get("datasheet_peak_tbps")
         with open(args.json, "w") as f:
-            json.dump({"variants": {n: list(d) for n, d in variants}, "rows": rows, "peak_tbps": peak}, f, indent=1)
+            json.dump({"variants": {n: list(d) for n, d in variants}, "rows": rows, "peak_tbps": peak}, f,
+                      indent=1, default=str)
     return 0
 
 

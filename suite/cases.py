@@ -1,138 +1,60 @@
-"""Sweep declaration: the `Case` one decode step is measured on, model presets, and the
-expansion of a TOML preset plus command-line axes into cases."""
+"""Sweep declaration: a TOML preset plus command-line axes expand into cases
+(core.case.Case), and the cases pair with backends.
+
+The axes are the fields of `Case` (core.case.axes()): a field added there is an axis here,
+in presets and on the `sweep` command line, with nothing to change in this module.
+"""
 from __future__ import annotations
 
 import itertools
+import re
 import tomllib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from core.case import MODELS, Case, axes
+
 PRESET_DIR = Path(__file__).parent / "presets"
 
-# (num_q_heads, num_kv_heads, head_dim) of one attention layer.
-MODELS: dict[str, tuple[int, int, int]] = {
-    "llama3-8b": (32, 8, 128),
-    "llama3-70b": (64, 8, 128),
-}
-
-# Quantization fields a full-precision backend (BF16, FP8) does not use; it sees them
-# normalised to these values so that its case is one case whatever the int axes are.
-NO_QUANT = {"k_mode": "none", "v_mode": "none", "group_size": 0}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One decode-attention problem: shapes, the KV format's parameters and the data seed.
-
-    `bits` is the KV storage width the backend runs at (16 BF16, 8 FP8, 4 or 2 packed ints);
-    `k_mode`/`v_mode` are 'token' | 'channel' (or 'none' for unquantized formats).
-    Every sequence of the batch holds `kv_len` tokens.
-    """
-
-    batch: int
-    kv_len: int
-    num_q_heads: int = 32
-    num_kv_heads: int = 8
-    head_dim: int = 128
-    bits: int = 4
-    k_mode: str = "channel"
-    v_mode: str = "token"
-    group_size: int = 128
-    page_size: int = 64
-    model: str = "llama3-8b"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim", "page_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"Case.{name}={value!r} must be a positive integer.")
-        if self.num_q_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_q_heads={self.num_q_heads} is not a multiple of num_kv_heads="
-                f"{self.num_kv_heads}; GQA needs whole query groups."
-            )
-
-    @property
-    def key(self) -> str:
-        """Stable, readable identity of the case (the store's resume key, with the backend)."""
-        quant = (
-            f"int{self.bits}-g{self.group_size}-k{self.k_mode[0]}-v{self.v_mode[0]}"
-            if self.k_mode != "none"
-            else f"b{self.bits}"
-        )
-        return (
-            f"b{self.batch}-kv{self.kv_len}-h{self.num_q_heads}x{self.num_kv_heads}"
-            f"-d{self.head_dim}-{quant}-p{self.page_size}-s{self.seed}"
-        )
-
-    @property
-    def gqa_ratio(self) -> int:
-        return self.num_q_heads // self.num_kv_heads
-
-    @property
-    def shape_key(self) -> str:
-        """The attention problem without its KV format: what speedups compare across."""
-        return (
-            f"b{self.batch}-kv{self.kv_len}-h{self.num_q_heads}x{self.num_kv_heads}"
-            f"-d{self.head_dim}"
-        )
-
-    def with_(self, **changes: Any) -> "Case":
-        return replace(self, **changes)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Case":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+# What a sweep runs for an axis that neither the preset nor the command line names; any
+# other axis sweeps its Case default alone.
+SWEEP_DEFAULTS: dict[str, list] = {"batch": [128], "kv_len": [32768], "bits": [4, 2]}
+DEFAULT_MODELS = ["llama3-8b"]
+# An explicit shape (overrides the model preset), scalars.
+SHAPE_OVERRIDES = ("num_q_heads", "num_kv_heads", "head_dim")
+# Case fields that must be positive (core.case.Case checks them too, without saying where).
+POSITIVE = ("batch", "kv_len", "page_size", "num_q_heads", "num_kv_heads", "head_dim")
 
 
 @dataclass
 class SweepSpec:
-    """The axes of a sweep; lists expand as a cartesian product."""
+    """The axes of a sweep; their lists expand as a cartesian product."""
 
-    batch: list[int]
-    kv_len: list[int]
-    models: list[str]  # names in MODELS, or "custom" with the explicit heads below
-    bits: list[int]
-    k_mode: list[str]
-    v_mode: list[str]
-    group_size: list[int]
-    page_size: int = 64
-    seed: int = 0
+    axes: dict[str, list]  # every axis of core.case.axes() -> its values
+    models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))  # names in MODELS
     backends: list[str] | None = None  # None: every registered backend
     num_q_heads: int | None = None  # explicit shape overrides the model preset
     num_kv_heads: int | None = None
     head_dim: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-DEFAULT_AXES: dict[str, Any] = {
-    "batch": [128],
-    "kv_len": [32768],
-    "models": ["llama3-8b"],
-    "bits": [4, 2],
-    "k_mode": ["channel"],
-    "v_mode": ["token"],
-    "group_size": [128],
-    "page_size": 64,
-    "seed": 0,
-    "backends": None,
-}
+        """Flat, as runs record it (and `make_spec(None, **d)` reads it back on --resume)."""
+        return {**self.axes, "models": self.models, "backends": self.backends,
+                **{name: getattr(self, name) for name in SHAPE_OVERRIDES}}
 
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
+def preset_keys() -> set[str]:
+    return set(axes()) | {"models", "backends", "description", *SHAPE_OVERRIDES}
+
+
 def load_preset(name_or_path: str) -> dict[str, Any]:
-    """A preset by name (suite/presets/<name>.toml) or by path; returns its [sweep] table."""
+    """A preset by name (suite/presets/<name>.toml) or by path; returns its [sweep] table,
+    every value checked (a bad one names the file and the key)."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PRESET_DIR / f"{name_or_path}.toml"
@@ -140,25 +62,91 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
         raise ValueError(
             f"preset {name_or_path!r} not found; expected one of {preset_names()} or a .toml path."
         )
-    with path.open("rb") as f:
-        data = tomllib.load(f)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path} is not valid TOML: {_toml_error(path, exc)}; fix that line.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} cannot be read as a TOML preset ({exc}); pass a preset name or a .toml file.") from None
     sweep = data.get("sweep", data)
-    unknown = set(sweep) - set(DEFAULT_AXES) - {"num_q_heads", "num_kv_heads", "head_dim", "description"}
+    if not isinstance(sweep, dict):
+        raise ValueError(f"{path}: [sweep] must be a table of axes; see suite/presets/paper.toml.")
+    unknown = set(sweep) - preset_keys()
     if unknown:
-        raise ValueError(f"preset {path.name}: unknown keys {sorted(unknown)}.")
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; expected some of {sorted(preset_keys())}.")
+    for key, value in sweep.items():
+        check_value(key, value, f"{path}: {key}")
     return sweep
+
+
+def _toml_error(path: Path, exc: tomllib.TOMLDecodeError) -> str:
+    """tomllib's message with the key whose value it failed in: the last `key =` line at the
+    error, or before it when the parser only noticed at the start of the next line."""
+    message = str(exc)
+    match = re.search(r"line (\d+), column (\d+)", message)
+    if not match:
+        return message
+    line_no, column = int(match.group(1)), int(match.group(2))
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return message
+    last = line_no - 1 if column == 1 else line_no
+    for i in range(min(last, len(lines)), 0, -1):
+        key = re.match(r"\s*([A-Za-z0-9_\-.\"]+)\s*=", lines[i - 1])
+        if key:
+            return f"{message}, in the value of {key.group(1)!r} (line {i})"
+    return message
+
+
+def check_value(key: str, value: Any, where: str) -> None:
+    """Raise one ValueError naming `where` when a preset or command-line value is not what
+    the key takes."""
+    kinds = {name: kind for name, (kind, _) in axes().items()}
+    if key in kinds:
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if kinds[key] is int and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ValueError(f"{where} = {value!r}: {v!r} is not a whole number; expected e.g. {key} = [1, 8].")
+            if kinds[key] is str and not isinstance(v, str):
+                raise ValueError(f"{where} = {value!r}: {v!r} is not a string; expected e.g. {key} = [\"token\"].")
+            if key in POSITIVE and v <= 0:
+                raise ValueError(f"{where} = {value!r}: {v} is not positive; {key} takes numbers above 0.")
+    elif key == "models":
+        for m in value if isinstance(value, list) else [value]:
+            if m not in MODELS:
+                raise ValueError(f"{where} = {value!r}: model {m!r} is unknown; expected one of {sorted(MODELS)}.")
+    elif key in SHAPE_OVERRIDES and value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{where} = {value!r}: expected a positive whole number.")
+    elif key == "backends" and value is not None:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{where} = {value!r}: expected a list of backend names.")
 
 
 def make_spec(preset: str | None = None, **overrides: Any) -> SweepSpec:
     """Preset axes (or the defaults) with every non-None override applied on top."""
-    axes = dict(DEFAULT_AXES)
+    values: dict[str, Any] = {
+        name: SWEEP_DEFAULTS.get(name, [default]) for name, (_, default) in axes().items()
+    }
+    values["models"] = list(DEFAULT_MODELS)
     if preset:
-        axes.update({k: v for k, v in load_preset(preset).items() if k != "description"})
-    axes.update({k: v for k, v in overrides.items() if v is not None})
-    for name in ("batch", "kv_len", "models", "bits", "k_mode", "v_mode", "group_size"):
-        if not isinstance(axes[name], list):
-            axes[name] = [axes[name]]
-    return SweepSpec(**axes)
+        values.update({k: v for k, v in load_preset(preset).items() if k != "description"})
+    unknown = set(overrides) - preset_keys()
+    if unknown:
+        raise ValueError(f"unknown sweep axes {sorted(unknown)}; expected some of {sorted(preset_keys() - {'description'})}.")
+    for key, value in overrides.items():
+        if value is not None:
+            check_value(key, value, key)
+            values[key] = value
+    missing = [name for name, v in values.items() if v is MISSING or v == [MISSING]]
+    if missing:
+        raise ValueError(f"the sweep names no {', '.join(missing)}; give them in the preset or on the command line.")
+    listed = {name: values[name] if isinstance(values[name], list) else [values[name]] for name in axes()}
+    models = values["models"] if isinstance(values["models"], list) else [values["models"]]
+    return SweepSpec(axes=listed, models=models, backends=values.get("backends"),
+                     **{name: values.get(name) for name in SHAPE_OVERRIDES})
 
 
 def expand(spec: SweepSpec) -> list[Case]:
@@ -179,17 +167,12 @@ def expand(spec: SweepSpec) -> list[Case]:
             if model not in MODELS:
                 raise ValueError(f"model {model!r} is unknown; expected one of {sorted(MODELS)}.")
             shapes.append((model, *MODELS[model]))
+    kinds = axes()
+    names = list(kinds)
     cases = []
-    for (model, hq, hkv, d), batch, kv_len, bits, km, vm, g in itertools.product(
-        shapes, spec.batch, spec.kv_len, spec.bits, spec.k_mode, spec.v_mode, spec.group_size
-    ):
-        cases.append(
-            Case(
-                batch=int(batch), kv_len=int(kv_len), num_q_heads=hq, num_kv_heads=hkv,
-                head_dim=d, bits=int(bits), k_mode=km, v_mode=vm, group_size=int(g),
-                page_size=int(spec.page_size), model=model, seed=int(spec.seed),
-            )
-        )
+    for (model, hq, hkv, d), *point in itertools.product(shapes, *(spec.axes[n] for n in names)):
+        values = {n: kinds[n][0](v) for n, v in zip(names, point)}
+        cases.append(Case(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, model=model, **values))
     return cases
 
 
@@ -212,18 +195,21 @@ def pair(cases: Iterable[Case], backends: Sequence[Any]) -> list[tuple[Case, Any
     return items
 
 
-def parse_int_list(text: str | None) -> list[int] | None:
-    """'1,8,32' or '1k,32k' -> ints (k = 1024)."""
+def parse_int_list(text: str | None, option: str = "value") -> list[int] | None:
+    """'1,8,32' or '1k,32k' -> ints (k = 1024); a bad entry is one ValueError naming `option`."""
     if text is None:
         return None
     out = []
     for part in str(text).replace(" ", "").split(","):
         if not part:
             continue
-        mult = 1
-        if part[-1] in "kK":
-            mult, part = 1024, part[:-1]
-        out.append(int(part) * mult)
+        mult, digits = (1024, part[:-1]) if part[-1] in "kK" else (1, part)
+        try:
+            out.append(int(digits) * mult)
+        except ValueError:
+            raise ValueError(
+                f"{option} {text!r}: {part!r} is not a whole number; expected a comma list such as 1,8,32 or 1k,32k."
+            ) from None
     return out
 
 

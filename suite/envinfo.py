@@ -10,7 +10,7 @@ import socket
 import sys
 from typing import Any
 
-from suite.bytes_model import bus_peak_tbps, datasheet_peak_tbps
+from core.bytes_model import bus_peak_tbps, datasheet_peak_tbps
 
 LIBRARIES = ("torch", "triton", "flashinfer", "bit_decode", "numpy", "pandas", "pynvml")
 # Distribution names where they differ from the module (for importlib.metadata).
@@ -119,7 +119,6 @@ def _torch_props(index: int) -> dict[str, Any]:
         if not torch.cuda.is_available():
             return {}
         p = torch.cuda.get_device_properties(index)
-        uuid = getattr(p, "uuid", None)
         return {
             "torch_index": index,
             "name": p.name,
@@ -127,9 +126,7 @@ def _torch_props(index: int) -> dict[str, Any]:
             "capability": f"{p.major}.{p.minor}",
             "l2_bytes": getattr(p, "L2_cache_size", None),
             "total_memory_bytes": p.total_memory,
-            "uuid": f"GPU-{uuid}" if uuid is not None and not str(uuid).startswith("GPU-") else (
-                str(uuid) if uuid is not None else None
-            ),
+            "uuid": torch_uuid(p),
         }
     except Exception:  # noqa: BLE001
         return {}
@@ -223,7 +220,3 @@ def visible_gpu_count() -> int:
     if n == 0 and nv is None:
         n = _torch_device_count()
     return n or 0
-
-
-def cuda_available_without_init() -> bool:
-    return visible_gpu_count() > 0

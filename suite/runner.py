@@ -1,7 +1,7 @@
 """Measure one (case, backend) on one device: supports -> fits -> prepare -> correctness
-gate -> timing -> derived metrics. Returns a flat record; never raises for a backend's
-failure (the error becomes the record's status and reason). `fatal` says the CUDA context
-may be dead and the worker must be replaced."""
+gate -> timing -> derived metrics. Returns a typed record (core.record.Record); never
+raises for a backend's failure (the error becomes the record's status and reason).
+`fatal` says the CUDA context may be dead and the worker must be replaced."""
 from __future__ import annotations
 
 import gc
@@ -11,10 +11,11 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from baselines.base import Backend, CompileError, GpuInfo, Prepared, SourceKV, Unsupported
-from suite import bytes_model
-from suite.cases import Case
-from suite.timing import l2_flush, l2_plan, time_cpu, time_gpu
+from baselines.base import Backend, CompileError, Prepared, SourceKV, Unsupported
+from core.case import Case
+from core.gpu import GpuInfo
+from core.record import CheckFields, GpuFields, Record, TimingFields, TrafficFields
+from suite.timing import Timing, l2_flush, l2_plan, time_cpu, time_gpu
 
 MAX_CHECK_SEQS = 4  # sequences the float64 reference checks in big cases
 MAX_ROTATE_COPIES = 32
@@ -73,34 +74,14 @@ def classify(exc: BaseException) -> tuple[str, str, bool]:
     return "crashed", reason, False
 
 
-def case_fields(case: Case, backend: Backend) -> dict[str, Any]:
-    return {
-        "case_key": case.key,
-        "backend": backend.name,
-        "family": backend.family,
-        "bits": case.bits,
-        "batch": case.batch,
-        "kv_len": case.kv_len,
-        "num_q_heads": case.num_q_heads,
-        "num_kv_heads": case.num_kv_heads,
-        "head_dim": case.head_dim,
-        "k_mode": case.k_mode,
-        "v_mode": case.v_mode,
-        "group_size": case.group_size,
-        "page_size": case.page_size,
-        "model": case.model,
-        "seed": case.seed,
-        "shape_key": case.shape_key,
-        "tolerance": backend.tolerance,
-    }
+def new_record(case: Case, backend: Backend, gpu: GpuFields | None = None) -> Record:
+    """A record of `backend` on `case`, before anything is known of how it went."""
+    return Record(case=case, backend=backend.name, family=backend.family, gpu=gpu or GpuFields(),
+                  check=CheckFields(tolerance=backend.tolerance))
 
 
-def gpu_fields(ctx: WorkerContext) -> dict[str, Any]:
-    return {
-        "gpu_index": ctx.gpu.index,
-        "gpu_name": ctx.gpu.name,
-        "gpu_uuid": ctx.gpu.uuid,
-    }
+def gpu_fields(ctx: WorkerContext) -> GpuFields:
+    return GpuFields.of(ctx.gpu, ctx.gpu_env, ctx.read_ceiling_tbps)
 
 
 # --- source data ----------------------------------------------------------------------------
@@ -122,7 +103,7 @@ def make_source(case: Case, device: Any) -> SourceKV:
 
 
 def _source_key(case: Case) -> tuple:
-    return (case.batch, case.kv_len, case.num_q_heads, case.num_kv_heads, case.head_dim, case.seed)
+    return (case.shape_key, case.seed)
 
 
 def clone_source(src: SourceKV) -> SourceKV:
@@ -196,8 +177,10 @@ def rel_l2(a, b) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
 
 
-def check(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ctx: WorkerContext) -> dict:
-    """Run once over a poisoned output; compare with float64 over the backend's own cache."""
+def check(case: Case, backend: Backend, prepared: Prepared, source: SourceKV,
+          ctx: WorkerContext) -> tuple[CheckFields, str | None]:
+    """Run once over a poisoned output; compare with float64 over the backend's own cache.
+    Returns the check's figures and, when the output is wrong, why (None when it passes)."""
     import torch
 
     if prepared.out is not None and prepared.out.is_floating_point():
@@ -205,97 +188,75 @@ def check(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
     out = prepared.run()
     if ctx.is_cuda:
         torch.cuda.synchronize(ctx.device)
-    res: dict[str, Any] = {}
+    res = CheckFields(tolerance=backend.tolerance)
     expected = (case.batch, case.num_q_heads, case.head_dim)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        res.update(status="incorrect", reason=f"output has shape {shape}; expected {expected}.")
-        return res
+        return res, f"output has shape {shape}; expected {expected}."
     bad = int((~torch.isfinite(out)).sum())
     if bad:
-        res.update(
-            status="incorrect",
-            reason=f"{bad} of {out.numel()} output elements are NaN/Inf (poisoned and never written, or overflow).",
-            rel_error=float("nan"),
-        )
-        return res
+        res.rel_error = float("nan")
+        return res, f"{bad} of {out.numel()} output elements are NaN/Inf (poisoned and never written, or overflow)."
     idx = check_indices(case.batch)
     ii = torch.as_tensor(idx, device=source.q.device)
     k_ref, v_ref = prepared.reference_kv(idx)
-    q_ref = prepared.reference_q if prepared.reference_q is not None else source.q
     lens = source.seq_lens.index_select(0, ii)
-    ref = attention_f64(q_ref.index_select(0, ii), k_ref, v_ref, lens, source.sm_scale)
-    res["rel_error"] = rel_l2(out.index_select(0, ii), ref)
-    exact = attention_f64(
-        source.q.index_select(0, ii), source.k.index_select(0, ii), source.v.index_select(0, ii), lens, source.sm_scale
-    )
-    res["quant_rel_error"] = rel_l2(ref, exact)
-    res["checked_seqs"] = idx
-    res["checked_note"] = (
+    q = source.q.index_select(0, ii)
+    ref = attention_f64(q, k_ref, v_ref, lens, source.sm_scale)
+    res.rel_error = rel_l2(out.index_select(0, ii), ref)
+    exact = attention_f64(q, source.k.index_select(0, ii), source.v.index_select(0, ii), lens, source.sm_scale)
+    res.quant_rel_error = rel_l2(ref, exact)
+    res.checked_seqs = idx
+    res.checked_note = (
         f"float64 reference over {len(idx)} of {case.batch} sequences"
         + ("" if len(idx) == case.batch else f" (indices {idx})")
     )
-    if not res["rel_error"] <= backend.tolerance:
-        res.update(
-            status="incorrect",
-            reason=f"relative L2 error {res['rel_error']:.3g} exceeds {backend.name}'s tolerance {backend.tolerance:g}.",
-        )
-    return res
+    if not res.rel_error <= backend.tolerance:
+        return res, (f"relative L2 error {res.rel_error:.3g} exceeds {backend.name}'s tolerance "
+                     f"{backend.tolerance:g}.")
+    return res, None
 
 
 # --- the whole measurement ------------------------------------------------------------------
-def measure(case: Case, backend: Backend, ctx: WorkerContext) -> tuple[dict, bool]:
-    """(record, fatal). The record is complete except for run_id."""
-    rec: dict[str, Any] = {**case_fields(case, backend), **gpu_fields(ctx)}
-    rec.update(bus_peak_tbps=ctx.gpu_env.get("bus_peak_tbps"),
-               datasheet_peak_tbps=ctx.gpu_env.get("datasheet_peak_tbps"),
-               read_ceiling_tbps=ctx.read_ceiling_tbps)
-    traffic = bytes_model.traffic_for(backend, case)
-    rec.update(bytes=traffic.total, flops=traffic.flops, traffic=traffic.as_dict())
+def measure(case: Case, backend: Backend, ctx: WorkerContext) -> tuple[Record, bool]:
+    """(record, fatal)."""
+    rec = new_record(case, backend, gpu_fields(ctx))
+    traffic = backend.traffic(case)
+    rec.traffic = TrafficFields(bytes=traffic.total, flops=traffic.flops, traffic=traffic.as_dict())
     t0 = time.time()
     try:
         reason = backend.supports(case, ctx.gpu)
         if not reason and backend.needs_cuda and not ctx.is_cuda:
             reason = f"{backend.name} runs on a CUDA GPU; this worker is on the CPU."
         if reason:
-            rec.update(status="unsupported", reason=reason)
+            rec.status, rec.reason = "unsupported", reason
             return rec, False
         reason = fit_reason(ctx, case, backend)
         if reason:
-            rec.update(status="skipped", reason=reason)
+            rec.status, rec.reason = "skipped", reason
             return rec, False
         source = source_for(ctx, case)
         prepared = backend.prepare(case, source)
-        rec["bytes"] = nbytes = prepared.bytes or traffic.total
-        if prepared.notes:
-            rec["notes"] = prepared.notes
-        checked = check(case, backend, prepared, source, ctx)
-        rec.update(checked)
-        if checked.get("status") == "incorrect":
+        rec.traffic.bytes = nbytes = prepared.bytes or traffic.total
+        rec.notes = prepared.notes or None
+        rec.check, wrong = check(case, backend, prepared, source, ctx)
+        if wrong:
+            rec.status, rec.reason = "incorrect", wrong
             return rec, False
-        timing = _time(case, backend, prepared, source, ctx, rec, nbytes)
-        rec.update(
-            status="passed",
-            median_us=timing.median_us,
-            p10_us=timing.p10_us,
-            p90_us=timing.p90_us,
-            n_samples=timing.n_samples,
-            timing_method=timing.method,
-        )
-        if timing.note:
-            rec["timing_note"] = timing.note
-        _derive(rec)
+        rec.timing = _time(case, backend, prepared, source, ctx, nbytes)
+        rec.status = "passed"
+        rec.derive()
         return rec, False
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a record
         if isinstance(exc, KeyboardInterrupt):
             raise
         status, reason, fatal = classify(exc)
-        rec.update(status=status, reason=reason, traceback=traceback.format_exc(limit=6)[-4000:])
+        rec.status, rec.reason, rec.traceback = status, reason, traceback.format_exc(limit=6)[-4000:]
         if not fatal:
             fatal = not context_healthy(ctx)
         return rec, fatal
     finally:
-        rec["wall_s"] = round(time.time() - t0, 3)
+        rec.wall_s = round(time.time() - t0, 3)
 
 
 def context_healthy(ctx: WorkerContext) -> bool:
@@ -311,11 +272,18 @@ def context_healthy(ctx: WorkerContext) -> bool:
         return False
 
 
-def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ctx: WorkerContext, rec: dict,
-          nbytes: int):
+def timing_fields(timing: Timing) -> TimingFields:
+    return TimingFields(median_us=timing.median_us, p10_us=timing.p10_us, p90_us=timing.p90_us,
+                        n_samples=timing.n_samples, timing_method=timing.method,
+                        timing_note=timing.note or None, l2_policy=timing.l2_policy)
+
+
+def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ctx: WorkerContext,
+          nbytes: int) -> TimingFields:
+    """Time the prepared step the harness's way: cold L2 (rotated copies or a flush), CUDA
+    graphs where they capture, the clocks sampled around it; on the CPU, plain calls."""
     if not ctx.is_cuda:
-        rec["l2_policy"] = "n/a (cpu)"
-        return time_cpu([prepared.run])
+        return timing_fields(time_cpu([prepared.run]))
     from suite.envinfo import clock_sample
 
     plan = l2_plan(nbytes, ctx.gpu.l2_bytes, MAX_ROTATE_COPIES)
@@ -326,7 +294,6 @@ def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
     flush = None
     if policy == "flush":
         flush = l2_flush(2 * (ctx.gpu.l2_bytes or 50 << 20), ctx.device)
-    rec.update(l2_policy=policy, l2_detail=detail)
     before = clock_sample(ctx.nvml, ctx.nvml_handle)
     timing, after = time_gpu(
         [p.run for p in preps if isinstance(p, Prepared)],
@@ -336,22 +303,14 @@ def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
     )
     after = after or clock_sample(ctx.nvml, ctx.nvml_handle)
     reasons = sorted(set(before.get("throttle_reasons") or []) | set(after.get("throttle_reasons") or []))
-    rec.update(
-        sm_clock_mhz_before=before.get("sm_clock_mhz"),
-        sm_clock_mhz_after=after.get("sm_clock_mhz"),
-        mem_clock_mhz_after=after.get("mem_clock_mhz"),
-        temperature_c_after=after.get("temperature_c"),
-        power_w_after=after.get("power_w"),
-        throttled=bool(reasons),
-        throttle_reasons=",".join(reasons),
-    )
+    fields = timing_fields(timing)
+    fields.l2_detail = detail
+    fields.sm_clock_mhz_before = before.get("sm_clock_mhz")
+    fields.sm_clock_mhz_after = after.get("sm_clock_mhz")
+    fields.mem_clock_mhz_after = after.get("mem_clock_mhz")
+    fields.temperature_c_after = after.get("temperature_c")
+    fields.power_w_after = after.get("power_w")
+    fields.throttled = bool(reasons)
+    fields.throttle_reasons = ",".join(reasons)
     del preps
-    return timing
-
-
-def _derive(rec: dict) -> None:
-    eff = bytes_model.eff_bandwidth_tbps(rec["bytes"], rec.get("median_us"))
-    rec["eff_bandwidth_tbps"] = eff
-    rec["frac_peak_bus"] = bytes_model.fraction(eff, rec.get("bus_peak_tbps"))
-    rec["frac_peak_datasheet"] = bytes_model.fraction(eff, rec.get("datasheet_peak_tbps"))
-    rec["frac_read_ceiling"] = bytes_model.fraction(eff, rec.get("read_ceiling_tbps"))
+    return fields

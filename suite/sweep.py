@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from baselines.base import Backend
-from suite.cases import Case
-from suite.runner import case_fields
-from suite.store import ResultStore, record_key
+from core.case import Case
+from core.record import GpuFields, Record
+from core.store import ResultStore, record_key
+from suite.runner import new_record
 
 CASE_TIMEOUT_S = 900.0  # FlashInfer may JIT-compile a kernel on its first case
 START_TIMEOUT_S = 600.0  # a worker's start: CUDA init plus the read-ceiling kernel
@@ -59,7 +60,6 @@ class SweepOptions:
     devices: list[str]
     case_timeout_s: float = CASE_TIMEOUT_S
     read_ceiling: bool = True
-    test_backends: bool = False
     log_dir: str | None = None
 
 
@@ -90,7 +90,7 @@ def _log_tail(path: str | None, n_chars: int = 1500) -> str:
 
 class Sweep:
     def __init__(self, store: ResultStore, run_id: str, items: list[Item], options: SweepOptions,
-                 on_record: Callable[[dict], None] | None = None,
+                 on_record: Callable[[Record], None] | None = None,
                  on_status: Callable[[str], None] | None = None):
         self.store, self.run_id, self.options = store, run_id, options
         self.pending: deque[Item] = deque(items)
@@ -113,7 +113,6 @@ class Sweep:
             "log_path": slot.log_path,
             "read_ceiling": self.options.read_ceiling,
             "known_ceilings": self.known_ceilings,
-            "test_backends": self.options.test_backends,
         }
         slot.task_q = self.ctx.Queue()
         slot.proc = self.ctx.Process(
@@ -149,16 +148,21 @@ class Sweep:
         self._start(slot)
 
     # --- records ------------------------------------------------------------------------
-    def _write(self, item: Item, record: dict, slot: Slot | None) -> None:
-        rec = {**case_fields(item.case, item.backend), **record}
-        if slot is not None and slot.hello:
-            for k in ("gpu_index", "gpu_name", "gpu_uuid"):
-                rec.setdefault(k, slot.hello.get(k))
-        self.store.add_record(self.run_id, rec)
+    def _write(self, item: Item, record: Record, slot: Slot | None) -> None:
+        self.store.add_record(self.run_id, record)
         self.outcome.written += 1
-        st = rec.get("status", "?")
-        self.outcome.counts[st] = self.outcome.counts.get(st, 0) + 1
-        self.on_record(rec)
+        self.outcome.counts[record.status] = self.outcome.counts.get(record.status, 0) + 1
+        self.on_record(record)
+
+    def _lost(self, item: Item, status: str, reason: str, slot: Slot | None) -> Record:
+        """The record of an item whose worker could not give one (died, hung, never started)."""
+        gpu = GpuFields()
+        if slot is not None and slot.hello:
+            gpu = GpuFields(gpu_index=slot.hello.get("gpu_index"), gpu_name=slot.hello.get("gpu_name"),
+                            gpu_uuid=slot.hello.get("gpu_uuid"))
+        record = new_record(item.case, item.backend, gpu)
+        record.status, record.reason = status, reason
+        return record
 
     def _next_item(self, slot: Slot) -> Item | None:
         """Prefer the shape this worker holds (its source K/V is reused), then a shape no
@@ -184,7 +188,7 @@ class Sweep:
             return
         slot.item, slot.started_at = item, None
         slot.last_shape = item.case.shape_key
-        slot.task_q.put((item.item_id, item.case.as_dict(), item.backend.name))
+        slot.task_q.put((item.item_id, item.case, item.backend))
 
     # --- main loop ------------------------------------------------------------------------
     def run(self) -> SweepOutcome:
@@ -268,11 +272,9 @@ class Sweep:
                     slot.item = None
                 elif item is not None:
                     tail = _log_tail(slot.log_path)
-                    self._write(item, {
-                        "status": "crashed",
-                        "reason": f"worker process died (exit code {code}) while running this case"
-                        + (f"; its last output: {tail}" if tail else ""),
-                    }, slot)
+                    reason = (f"worker process died (exit code {code}) while running this case"
+                              + (f"; its last output: {tail}" if tail else ""))
+                    self._write(item, self._lost(item, "crashed", reason, slot), slot)
                     slot.item = None
                 self._stop(slot)
                 if self.pending or any(s.item for s in self.slots):
@@ -291,21 +293,20 @@ class Sweep:
                 if now - slot.started_at > self.options.case_timeout_s:
                     item = slot.item
                     self._stop(slot, kill=True)
-                    self._write(item, {
-                        "status": "timeout",
-                        "reason": f"no result after {self.options.case_timeout_s:.0f} s; the worker was killed and replaced",
-                    }, slot)
+                    reason = f"no result after {self.options.case_timeout_s:.0f} s; the worker was killed and replaced"
+                    self._write(item, self._lost(item, "timeout", reason, slot), slot)
                     slot.item = None
                     self._restart(slot)
 
     def _fail_remaining(self) -> None:
         reasons = "; ".join(s.disabled or "" for s in self.slots)
+        reason = f"no worker could run it: {reasons}"
         while self.pending:
             item = self.pending.popleft()
-            self._write(item, {"status": "crashed", "reason": f"no worker could run it: {reasons}"}, None)
+            self._write(item, self._lost(item, "crashed", reason, None), None)
         for slot in self.slots:
             if slot.item is not None:
-                self._write(slot.item, {"status": "crashed", "reason": f"no worker could run it: {reasons}"}, None)
+                self._write(slot.item, self._lost(slot.item, "crashed", reason, None), None)
                 slot.item = None
 
     def _shutdown(self) -> None:
@@ -383,11 +384,10 @@ def run_sweep(
     with bar:
         task = bar.add_task("sweep", total=len(todo), last="")
 
-        def on_record(rec: dict) -> None:
-            med = rec.get("median_us")
-            what = f"{rec['backend']} b{rec['batch']} kv{rec['kv_len']}: {rec['status']}"
-            if med:
-                what += f" {med:.1f} us"
+        def on_record(rec: Record) -> None:
+            what = f"{rec.backend} b{rec.case.batch} kv{rec.case.kv_len}: {rec.status}"
+            if rec.timing.median_us:
+                what += f" {rec.timing.median_us:.1f} us"
             bar.update(task, advance=1, last=what)
 
         def on_status(msg: str) -> None:

@@ -32,29 +32,18 @@ def make_context(device_spec: str, opts: dict[str, Any]):
     """The WorkerContext for 'cpu' or a torch CUDA index ('0', '1', ...)."""
     import torch
 
-    from baselines.base import GpuInfo
+    from core.gpu import GpuInfo, torch_uuid
     from suite.envinfo import _nvml, gpu_info, nvml_handle_for
     from suite.runner import WorkerContext
 
     if device_spec == "cpu":
-        return WorkerContext(device=torch.device("cpu"), gpu=GpuInfo(index=-1, name="cpu"))
+        return WorkerContext(device=torch.device("cpu"), gpu=GpuInfo.cpu())
     index = int(device_spec)
     torch.cuda.set_device(index)
-    props = torch.cuda.get_device_properties(index)
-    uuid = getattr(props, "uuid", None)
-    uuid = None if uuid is None else (str(uuid) if str(uuid).startswith("GPU-") else f"GPU-{uuid}")
     nv = _nvml()
-    handle = nvml_handle_for(nv, index, uuid) if nv else None
+    handle = nvml_handle_for(nv, index, torch_uuid(torch.cuda.get_device_properties(index))) if nv else None
     env = gpu_info(nv, handle, index, use_torch=True)
-    gpu = GpuInfo(
-        index=index,
-        name=props.name,
-        uuid=env.get("uuid") or uuid,
-        capability=(props.major, props.minor),
-        sm_count=props.multi_processor_count,
-        total_memory_bytes=props.total_memory,
-        l2_bytes=getattr(props, "L2_cache_size", None) or env.get("l2_bytes"),
-    )
+    gpu = GpuInfo.from_torch(index, env)
     ctx = WorkerContext(device=torch.device("cuda", index), gpu=gpu, gpu_env=env, nvml=nv, nvml_handle=handle)
     ceiling = opts.get("known_ceilings", {}).get(device_spec)
     if ceiling is None and opts.get("read_ceiling", True):
@@ -71,14 +60,12 @@ def make_context(device_spec: str, opts: dict[str, Any]):
 
 
 def worker_main(slot: int, device_spec: str, task_q: Any, result_q: Any, opts: dict[str, Any]) -> None:
+    """Takes (item_id, case, backend) tasks (the backend object itself, so any backend the
+    parent holds runs here, registered or not) and answers with records."""
     _redirect_output(opts.get("log_path"))
-    if opts.get("test_backends"):
-        os.environ["FOSCAR_BENCH_TEST_BACKENDS"] = "1"
     try:
         ctx = make_context(device_spec, opts)
-        from baselines.base import get_backend
-        from suite.cases import Case
-        from suite.runner import measure
+        from suite.runner import gpu_fields, measure, new_record
     except BaseException as exc:  # noqa: BLE001
         traceback.print_exc()
         result_q.put(("start_failed", slot, f"{type(exc).__name__}: {exc}"))
@@ -92,21 +79,21 @@ def worker_main(slot: int, device_spec: str, task_q: Any, result_q: Any, opts: d
         task = task_q.get()
         if task is None:
             break
-        item_id, case_dict, backend_name = task
+        item_id, case, backend = task
         result_q.put(("start", slot, item_id))
-        print(f"[worker {slot}] {backend_name} {case_dict}", flush=True)
+        print(f"[worker {slot}] {backend.name} {case.key}", flush=True)
         try:
-            backend = get_backend(backend_name)
-            record, fatal = measure(Case.from_dict(case_dict), backend, ctx)
+            record, fatal = measure(case, backend, ctx)
         except BaseException as exc:  # noqa: BLE001 - measure() should not raise; be safe
             traceback.print_exc()
-            record, fatal = {"status": "crashed", "reason": f"harness error: {type(exc).__name__}: {exc}"}, True
-        if record.get("traceback"):
-            print(record["traceback"], flush=True)
+            record, fatal = new_record(case, backend, gpu_fields(ctx)), True
+            record.reason = f"harness error: {type(exc).__name__}: {exc}"
+        if record.traceback:
+            print(record.traceback, flush=True)
         _release_memory(ctx)
         result_q.put(("record", slot, item_id, record, fatal))
         if fatal:
-            print(f"[worker {slot}] exiting after a fatal error: {record.get('reason')}", flush=True)
+            print(f"[worker {slot}] exiting after a fatal error: {record.reason}", flush=True)
             _flush_and_exit(result_q, FATAL_EXIT_CODE)
     _flush_and_exit(result_q, 0)
 

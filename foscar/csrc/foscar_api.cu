@@ -18,19 +18,19 @@ extern "C" int foscar_decode(const FoscarDecodeArgs* a, void* stream) {
 
 extern "C" const char* foscar_last_error(void) { return foscar::last_error().c_str(); }
 
-extern "C" int foscar_warps_per_cta(int bits) {
+extern "C" int foscar_ctas_per_sm(int bits) {
   // The knob does not depend on the mode or group size: any instance tells.
-  return bits == 2 ? foscar::DecodeTraits<2, 128, 128, true, false, false>::kWarps
-                   : foscar::DecodeTraits<4, 128, 128, true, false, false>::kWarps;
+  return bits == 2 ? foscar::DecodeTraits<2, 128, true, false, false>::kCtasPerSm
+                   : foscar::DecodeTraits<4, 128, true, false, false>::kCtasPerSm;
 }
 
 namespace foscar {
 // A "launcher" that only reports an instance's dynamic shared memory, through the same
 // dispatch as the real one (so it answers for exactly the instances that are built).
 struct SmemQuery {
-  template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
   static int run(const FoscarDecodeArgs&, void*) {
-    return decode_smem_bytes<BITS, D, G, KCH, VCH, DEQ>();
+    return decode_smem_bytes<BITS, G, KCH, VCH, DEQ>();
   }
 };
 }  // namespace foscar

@@ -34,17 +34,18 @@ typedef struct FoscarDecodeArgs {
   int32_t batch, num_q_heads, num_kv_heads, head_dim;
   int32_t bits, group_size, k_channel, v_channel, dequant;
   int32_t page_size, max_pages;
-  int32_t num_splits, units_per_split;
+  int32_t num_splits, units_per_split; /* splits per (sequence, KV head); 64-token chunks per split */
+  int32_t num_ctas;       /* persistent CTAs to launch (they loop over the work items) */
   float sm_scale;
   int32_t device;         /* CUDA device index of every pointer above; the launch goes there */
 } FoscarDecodeArgs;
 
-/* Launches the decode (and, when num_splits > 1, the combine) on `stream`. Returns 0 on
- * success; otherwise foscar_last_error() says what was wrong. */
+/* Launches the decode on `stream` (splits of one sequence merge in the same launch). Returns 0
+ * on success; otherwise foscar_last_error() says what was wrong. */
 FOSCAR_EXPORT int foscar_decode(const FoscarDecodeArgs* args, void* stream);
 FOSCAR_EXPORT const char* foscar_last_error(void);
-/* Warps per CTA of the decode kernels this library was built with, for the split planner. */
-FOSCAR_EXPORT int foscar_warps_per_cta(int bits);
+/* CTAs per SM the decode kernels of this build are made for (the planner sizes the grid). */
+FOSCAR_EXPORT int foscar_ctas_per_sm(int bits);
 /* Dynamic shared memory per CTA of one decode kernel instance, or -1 if it is not built. */
 FOSCAR_EXPORT int foscar_decode_smem_bytes(int bits, int group_size, int k_channel, int v_channel, int dequant);
 

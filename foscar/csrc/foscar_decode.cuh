@@ -1,41 +1,47 @@
-// FOSCAR split-KV decode attention over a 2- or 4-bit paged KV cache (docs/FORMAT.md).
+// FOSCAR decode attention over a 2- or 4-bit paged KV cache (docs/FORMAT.md), for Hopper.
 //
-// One CTA handles one (sequence, KV head, split); each warp streams its own chunks of 64
-// tokens into a shared-memory ring (the bulk copy engine, one lane issuing) and keeps its
-// own online-softmax state. Both products put KV on the M side of mma.m16n8k16 so the
-// packed codes become A operands in registers by mantissa injection, and the query heads
-// of the KV head sit on N = 8:
-//   S^T = K Q^T   (tokens x heads),   O^T = V^T P^T   (channels x heads).
-// Scales and offsets are folded, never applied per element (FOSCAR.md section 3):
-//   K token-wise   : accumulator fold per channel group (score = s * acc_g + const_g)
-//   K channel-wise : operand fold, Q~ = q * s / f rebuilt once per token group
-//   V token-wise   : operand fold, P~ = p * s; offsets and the injection bias folded into
-//                    the output every 512 tokens of a warp
-//   V channel-wise : accumulator fold, a raw accumulator flushed at each token-group end
-// DEQ = true builds the ablation: every element is dequantized (s * c + z) before the mma.
+// A persistent CTA of two warpgroups loops over work items (sequence, KV head, split):
+//   - the producer (warp 0) streams each item's 64-token chunks into a shared-memory ring with
+//     the bulk copy engine: K codes, V codes and their (scale, offset) runs, completing on the
+//     stage's "full" mbarrier;
+//   - the consumer warpgroup turns the packed codes into Tensor Core A operands in registers
+//     (mantissa injection) and runs both products on wgmma with KV on M and the query heads on
+//     N = 8:  S^T = K Q^T (tokens x heads) and O^T = V^T P^T (channels x heads); Q (or Q~) and
+//     P wait in shared memory as the B operands. Warp w of the warpgroup holds tokens
+//     16w .. 16w+15 of a chunk in S and channels 32w .. 32w+31 in O.
+// Scales and offsets are folded, never applied per element (FOSCAR.md section 3); each (K mode,
+// V mode) is a pair of policy types below:
+//   KFoldToken   : accumulator fold per channel group,  score = s (acc - 1024 q'/f) + z sum q
+//   KFoldChannel : operand fold, Q~ = q s / f rebuilt in shared memory once per token group
+//   VFoldToken   : operand fold, P~ = p s; V codes centred as f (c - mid), offsets summed apart
+//   VFoldChannel : accumulator fold, the group's accumulator folded with s / f and z at its end
+// and the dequantize-first ablation is KDequant / VDequant: the same data path, with every
+// element turned into s c + z before the MMA.
 //
-// What costs instructions, and how this kernel keeps it down (docs/PERFORMANCE.md, v4):
-// - the per-group and per-token divisions z / s are done once per value by the warp's lanes
-//   together into a small fold table in shared memory, not once per lane that reads them;
-// - the softmax scale rides on Q~ (channel-wise K) or on the K epilogue's constants, so
-//   scores come out of the MMA already in the log2 domain;
-// - masks run only on a chunk that crosses the sequence end, the softmax maximum is reduced
-//   across lanes only when some lane saw a larger score, and the folded output is flushed
-//   every 8 chunks, not once per chunk.
+// Precision (docs/PERFORMANCE.md, "v5"): the Tensor Cores cut every addend towards zero at the
+// alignment of the largest (foscar/tcmodel.py), so an accumulator fed with biased operands
+// (128 + f c, positive probabilities) loses a part of the signal of one sign that grows with the
+// context. The V operands are therefore centred (128 + f c - (128 + f mid) = f (c - mid), exact in
+// bf16, one HSUB2 per register) before they meet the positive P.
 #pragma once
+
+#include <math.h>
+
+#include <type_traits>
 
 #include "foscar_api.h"
 #include "foscar_common.cuh"
+#include "foscar_hopper.cuh"
 
 namespace foscar {
 
 struct DecodeParams {
   const __nv_bfloat16* q;       // [batch, num_q_heads, D]
   __nv_bfloat16* o;             // [batch, num_q_heads, D]
-  const uint32_t* k_codes;      // [pages, num_kv_heads, page_size / 16, words_per_tile]
-  const uint32_t* v_codes;
-  const __half2* k_params;      // [pages, num_kv_heads, page_size * D / G] of (scale, offset)
-  const __half2* v_params;
+  const uint8_t* k_codes;       // [pages, num_kv_heads, page_size / 16, words_per_tile] (int32 words)
+  const uint8_t* v_codes;
+  const uint8_t* k_params;      // [pages, num_kv_heads, page_size * D / G] of fp16 (scale, offset)
+  const uint8_t* v_params;
   const int32_t* page_table;    // [batch, max_pages]
   const int32_t* seq_lens;      // [batch], tail included
   const __nv_bfloat16* k_tail;  // [batch, num_kv_heads, G, D]
@@ -43,26 +49,23 @@ struct DecodeParams {
   float* ws_o;                  // [batch, num_q_heads, num_splits, D] (num_splits > 1 only)
   float* ws_ml;                 // [batch, num_q_heads, num_splits, 2]
   int* ws_count;                // [batch, num_kv_heads] splits done; 0 between launches
-  int batch, num_q_heads, num_kv_heads;
-  int page_size, max_pages;
-  int page_shift;               // log2(page_size) when it is a power of two, else -1
-  // Staging address strides, in bytes (constant-bank operands, so the loop keeps no
-  // registers for them): one head's codes / parameters within a page, and one whole page.
+  int batch, num_q_heads, num_kv_heads, ratio;
+  int page_size, max_pages, page_shift;  // page_shift = log2(page_size) for powers of two, else -1
+  // Byte strides of the staged runs: one head's codes / parameters inside a page, one page.
   int code_head_bytes, param_head_bytes;
   long long code_page_bytes, param_page_bytes;
-  int num_splits, units_per_split;
+  int num_splits, chunks_per_split, num_items;
   float sm_scale_log2;          // softmax scale times log2(e)
 };
 
-// The kernel's parameters from the C ABI's arguments (host side).
 inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   DecodeParams p;
   p.q = static_cast<const __nv_bfloat16*>(a.q);
   p.o = static_cast<__nv_bfloat16*>(a.o);
-  p.k_codes = static_cast<const uint32_t*>(a.k_codes);
-  p.v_codes = static_cast<const uint32_t*>(a.v_codes);
-  p.k_params = static_cast<const __half2*>(a.k_params);
-  p.v_params = static_cast<const __half2*>(a.v_params);
+  p.k_codes = static_cast<const uint8_t*>(a.k_codes);
+  p.v_codes = static_cast<const uint8_t*>(a.v_codes);
+  p.k_params = static_cast<const uint8_t*>(a.k_params);
+  p.v_params = static_cast<const uint8_t*>(a.v_params);
   p.page_table = a.page_table;
   p.seq_lens = a.seq_lens;
   p.k_tail = static_cast<const __nv_bfloat16*>(a.k_tail);
@@ -73,6 +76,7 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.batch = a.batch;
   p.num_q_heads = a.num_q_heads;
   p.num_kv_heads = a.num_kv_heads;
+  p.ratio = a.num_q_heads / a.num_kv_heads;
   p.page_size = a.page_size;
   p.max_pages = a.max_pages;
   p.page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(a.page_size)) : -1;
@@ -81,458 +85,409 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.code_page_bytes = static_cast<long long>(p.code_head_bytes) * a.num_kv_heads;
   p.param_page_bytes = static_cast<long long>(p.param_head_bytes) * a.num_kv_heads;
   p.num_splits = a.num_splits;
-  p.units_per_split = a.units_per_split;
+  p.chunks_per_split = a.units_per_split;
+  p.num_items = a.batch * a.num_kv_heads * a.num_splits;
   p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
   return p;
 }
 
-constexpr int kChunk = 64;       // tokens a warp stages and scores at once
+constexpr int kD = 128;           // head dim (the one instantiated)
+constexpr int kChunk = 64;        // tokens per ring stage and per S = K Q^T wgmma (M = 64)
+constexpr int kN = 8;             // query heads on N
+constexpr int kConsumerThreads = 128;
+constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warpgroup (0 is __syncthreads)
 constexpr float kNegInf = -INFINITY;
-// Stands in for a zero scale (a constant group, whose codes are all 0: docs/FORMAT.md) in the
-// fold tables: the value s * (c + z / s) is z for any s when c = 0, so no lane needs a
-// zero-scale branch, and the operand it multiplies keeps an ordinary magnitude.
+// A score may exceed the running maximum by this much (log2 units, p <= 2^8) before the state is
+// rescaled: after the first chunks a rescale is rare, and the common chunk needs no exchange.
+constexpr float kLazyMax = 8.0f;
+// Token-wise V folds its accumulator into the fp32 output every this many chunks: with centred
+// operands the chain's cut errors are of random sign, and 32 MMAs keep them far below rounding.
+constexpr int kFlushChunks = 8;
+// Stands in for a zero scale (a constant group, codes all 0: docs/FORMAT.md) where a fold divides.
 constexpr float kZeroScaleStandIn = 1.0f;
-// Channel-wise K runs its product in fp16 (8x finer rounding of q~ than bf16, one shift per
-// word); q~ is scaled per token group by a power of two that puts max |q~| in [2^13, 2^14).
-constexpr int kQTopExponent = 13;
 
-// Build-time knobs for kernel experiments (foscar.build passes -D flags; scripts/kernel_lab.py
-// times them; docs/PERFORMANCE.md says which defaults have been measured).
-#ifndef FOSCAR_WARPS_INT4
-#define FOSCAR_WARPS_INT4 8
+// Build knobs (foscar.build passes -D flags; scripts/kernel_lab.py compares them).
+#ifndef FOSCAR_CTAS_INT4
+#define FOSCAR_CTAS_INT4 3
 #endif
-#ifndef FOSCAR_WARPS_INT2
-#define FOSCAR_WARPS_INT2 8
+#ifndef FOSCAR_CTAS_INT2
+#define FOSCAR_CTAS_INT2 3
 #endif
 #ifndef FOSCAR_STAGES_INT4
-#define FOSCAR_STAGES_INT4 2
+#define FOSCAR_STAGES_INT4 4
 #endif
 #ifndef FOSCAR_STAGES_INT2
-#define FOSCAR_STAGES_INT2 3
-#endif
-#ifndef FOSCAR_BULK
-#define FOSCAR_BULK 1  // 1: one lane stages each chunk with the bulk copy engine; 0: cp.async
-#endif
-// INT2 at group size 128: one ring stage holds a whole unit (2 chunks, one page run), so a
-// unit costs one round of copies and waits instead of two (0: a stage per chunk).
-#ifndef FOSCAR_UNIT_STAGING
-#define FOSCAR_UNIT_STAGING 1
-#endif
-#ifndef FOSCAR_UNIT_STAGES_INT2
-#define FOSCAR_UNIT_STAGES_INT2 2
+#define FOSCAR_STAGES_INT2 6
 #endif
 
-template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_>
 struct DecodeTraits {
-  static constexpr int kP = 16 / BITS;                  // code positions per 16-bit half
-  static constexpr int kWordsPerLane = D * BITS / 64;   // words per lane per 16-token tile
-  static constexpr int kHalfW = kWordsPerLane / 2;
-  static constexpr int kWordsPerTile = kWordsPerLane * 32;
-  static constexpr int kTiles = kChunk / 16;
-  static constexpr int kUnit = G > kChunk ? G : kChunk;  // split / warp granularity (tokens)
-  static constexpr int kChunksPerUnit = kUnit / kChunk;
-  // Token-wise V folds `raw` into the output every this many chunks of a warp (512 tokens):
-  // a chain of 32 MMAs keeps the 128 bias's accumulation error near 1e-4 of the signal
-  // (scripts/probe_mma_precision.cu), and the flush's reductions run once per 8 chunks.
-  static constexpr int kFlushChunks = 8;
-  static constexpr int kNJ = D / 8;                      // channel blocks per lane (K side)
-  static constexpr int kNKT = D / 16;                    // k-steps of S^T = K Q^T
-  static constexpr int kNMT = D / 16;                    // m-tiles of O^T = V^T P^T
-  static constexpr int kGroupsD = D / G;                 // channel groups (token-wise modes)
-  // Token groups one chunk touches in channel-wise mode (2 when G = 32).
-  static constexpr int kGroupsT = G >= kChunk ? 1 : kChunk / G;
-  // Parameters one chunk stages, in half2: token-wise 64 * D / G, channel-wise one group row
-  // per group the chunk touches.
-  static constexpr int kParamsPerChunk = kGroupsT * D;
-  static constexpr int kCodeBytes = kTiles * kWordsPerTile * 4;  // one tensor, one chunk
-  // Chunks one ring stage holds: [K codes of each][V codes of each][K params][V params].
-  static constexpr int kChunksPerStage = (FOSCAR_UNIT_STAGING && BITS == 2 && kChunksPerUnit == 2) ? 2 : 1;
-  static constexpr int kStageBytes = kChunksPerStage * 2 * kCodeBytes + 2 * kParamsPerChunk * 4;
-  static constexpr int kStages =
-      BITS == 4 ? FOSCAR_STAGES_INT4 : (kChunksPerStage == 2 ? FOSCAR_UNIT_STAGES_INT2 : FOSCAR_STAGES_INT2);
-  static_assert(kChunksPerStage * kChunk * kGroupsD <= kParamsPerChunk, "a stage's token-wise params fit its slot");
-  static constexpr int kWarps = BITS == 4 ? FOSCAR_WARPS_INT4 : FOSCAR_WARPS_INT2;
-  // Fold tables per warp, float2 entries: channel-wise K (s * scale / f, f z / s - 128) per
-  // channel of each token group in the chunk; token-wise V (s, z / s) per token and group.
-  static constexpr int kKTable = (KCH && !DEQ) ? kGroupsT * D : 0;
-  static constexpr int kVTable = (!VCH && !DEQ) ? kChunk * kGroupsD : 0;
-  static constexpr int kTableBytes = (kKTable + kVTable) * 8;
-  static constexpr int kMaxRatio = 8;                    // query heads per KV head (N = 8)
-  static_assert(kWordsPerLane % 4 == 0, "each lane loads whole 16-byte vectors");
+  static constexpr int BITS = BITS_, G = G_;
+  static constexpr bool KCH = KCH_, VCH = VCH_, DEQ = DEQ_;
+  static constexpr int kCodeBytes = kChunk * kD * BITS / 8;     // one tensor's codes of one chunk
+  static constexpr int kGroupsD = kD / G;                        // channel groups (token-wise modes)
+  static constexpr int kGroupsT = G >= kChunk ? 1 : kChunk / G;  // token groups in a chunk (channel-wise)
+  static constexpr int kKParamBytes = (KCH ? kGroupsT * kD : kChunk * kGroupsD) * 4;
+  static constexpr int kVParamBytes = (VCH ? kGroupsT * kD : kChunk * kGroupsD) * 4;
+  static constexpr int kStageBytes = 2 * kCodeBytes + kKParamBytes + kVParamBytes;
+  static constexpr int kStages = BITS == 4 ? FOSCAR_STAGES_INT4 : FOSCAR_STAGES_INT2;
+  static constexpr int kCtasPerSm = BITS == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
+  static constexpr int kThreads = 256;  // producer warpgroup + consumer warpgroup
+  // Registers: the cap at entry, then the producer gives its share to the consumers.
+  static constexpr int kEntryRegs = (65536 / (kThreads * kCtasPerSm)) / 8 * 8;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = (2 * kEntryRegs - kProducerRegs) / 8 * 8;
+  static constexpr int kWordsK = kD * BITS / 64;  // K words per lane of one 16-token tile
+  static constexpr int kWordsV = 2 * BITS;        // V words per lane of one 64-token block
+  static constexpr bool kHasTail = KCH || VCH;
+  static_assert(kStageBytes % 16 == 0 && kCodeBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
 };
 
-// Shared memory: [staging ring, per warp][fold tables, per warp][q][ring barriers]; the
-// cross-warp combine at the end reuses the front.
-template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
-struct SmemLayout {
-  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
-  static constexpr int kStaging = T::kWarps * T::kStages * T::kStageBytes;
-  static constexpr int kTables = kStaging;
-  static constexpr int kQ = kTables + T::kWarps * T::kTableBytes;
-  // q twice: bf16 (the tail's MMA operand) and fp32 (what the folds multiply); the fp32 rows
-  // are padded by 8 floats so that the 8 heads' lanes of a fragment load hit distinct banks.
-  static constexpr int kQfRow = D + 8;
-  static constexpr int kQf = kQ + T::kMaxRatio * D * 2;
-  static constexpr int kBarriers = kQf + T::kMaxRatio * kQfRow * 4;
-  static constexpr int kEnd = kBarriers + T::kWarps * T::kStages * 8;
-  static constexpr int kCombine = T::kWarps * 8 * (D + 2) * 4 + 16;  // + the last-split flag
-  static constexpr int kBytes = kEnd > kCombine ? kEnd : kCombine;
-  static_assert(kTables % 16 == 0 && kQ % 16 == 0 && kQf % 16 == 0 && kBarriers % 8 == 0, "aligned regions");
-  static_assert(kCombine <= kTables, "the combine must not overwrite q while warps still read it");
+// ---------------------------------------------------------------------------------------
+// Shared memory, one typed struct: the ring, the B operands, the query, exchange slots.
+template <class T>
+struct SharedStorage {
+  static constexpr int kQTiles = T::KCH && !T::DEQ ? T::kGroupsT : 1;   // S's B per token group
+  static constexpr int kPTiles = !T::VCH && !T::DEQ ? T::kGroupsD : 1;  // PV's B per channel group
+  alignas(128) uint8_t ring[T::kStages][T::kStageBytes];
+  alignas(128) uint8_t q_tile[kQTiles][8][kBTileBytes];  // fp16 q'/f, or Q~, per k-step of S
+  alignas(128) uint8_t qt_tile[8][kBTileBytes];          // bf16 q for the BF16 tail
+  alignas(128) uint8_t p_tile[kPTiles][4][kBTileBytes];  // bf16 P (or P~) per k-step of O
+  float q32[kN][kD];                                      // the query heads; zero rows past ratio
+  float kconst[T::KCH ? T::kGroupsT : T::kGroupsD][kN][4];  // per (group, head) constants of the K fold
+  float red[4][kN][8];  // [warp][head][slot]: 0 max, 1 group p-sum, 2 denominator, 3.. offsets
+  uint64_t full[T::kStages], empty[T::kStages];
+  int last_split;
 };
 
-template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
 constexpr int decode_smem_bytes() {
-  return SmemLayout<BITS, D, G, KCH, VCH, DEQ>::kBytes;
+  return static_cast<int>(sizeof(SharedStorage<DecodeTraits<BITS, G, KCH, VCH, DEQ>>));
 }
 
-template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
-__global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarps * 32, 1)
-    foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
-  using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
-  using S = SmemLayout<BITS, D, G, KCH, VCH, DEQ>;
-  constexpr int P = T::kP, HALFW = T::kHalfW, WPT = T::kWordsPerTile, NT = T::kTiles;
-  constexpr int NJ = T::kNJ, NMT = T::kNMT, GD = T::kGroupsD, NW = T::kWarps;
-  // Channel-wise K operands live per token group of a chunk; the others are fixed for the run.
-  constexpr int NQB = (KCH && !DEQ) ? T::kGroupsT : 1;
-  constexpr bool HAS_TAIL = KCH || VCH;
-  constexpr bool RAW = !DEQ;        // the folds accumulate biased MMA results in `raw` first
+// ---------------------------------------------------------------------------------------
+// Work items: (sequence, KV head, split), the split a run of 64-token chunks; the last split
+// takes whatever remains, so a plan made before the cache grew stays correct.
+struct WorkItem {
+  int b, h, split;
+  int chunk_begin, chunk_end;  // packed chunks of this split
+  int packed_len, tail_len;
+};
 
-  uint8_t* smem = dynamic_smem();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int r = lane >> 2, t4 = lane & 3;
-  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int ratio = p.num_q_heads / p.num_kv_heads;
-  const float scale = p.sm_scale_log2;
+template <class T>
+__device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
+  WorkItem w;
+  w.split = item % p.num_splits;
+  const int rest = item / p.num_splits;
+  w.h = rest % p.num_kv_heads;
+  w.b = rest / p.num_kv_heads;
+  const int len = p.seq_lens[w.b];
+  w.tail_len = T::kHasTail ? len % T::G : 0;
+  w.packed_len = len - w.tail_len;
+  const int chunks = (w.packed_len + kChunk - 1) / kChunk;
+  w.chunk_begin = min(w.split * p.chunks_per_split, chunks);
+  w.chunk_end = w.split == p.num_splits - 1 ? chunks : min(w.chunk_begin + p.chunks_per_split, chunks);
+  return w;
+}
 
-  const int L = p.seq_lens[b];
-  const int tail_len = HAS_TAIL ? L % G : 0;
-  const int Lp = L - tail_len;
-  const int units = (Lp + T::kUnit - 1) / T::kUnit;
-  const int u_begin = split * p.units_per_split;
-  // The last split takes whatever remains, so a plan made before the cache grew stays correct.
-  const int u_end = split == p.num_splits - 1 ? units : min(u_begin + p.units_per_split, units);
-
-  // ---- the query heads of this KV head in shared memory, bf16 and fp32 (rows >= ratio are zero).
-  __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(smem + S::kQ);
-  float2* sqf = reinterpret_cast<float2*>(smem + S::kQf);
-  {
-    const uint32_t* qsrc = reinterpret_cast<const uint32_t*>(p.q + ((size_t)b * p.num_q_heads + h * ratio) * D);
-    uint32_t* qdst = reinterpret_cast<uint32_t*>(sq);
-    for (int i = threadIdx.x; i < T::kMaxRatio * D / 2; i += NW * 32) {
-      const uint32_t x = i < ratio * D / 2 ? qsrc[i] : 0u;
-      qdst[i] = x;
-      sqf[(i / (D / 2)) * (S::kQfRow / 2) + i % (D / 2)] = unpack_bf16x2(x);
+// ---------------------------------------------------------------------------------------
+// The producer: one lane streams every chunk of the CTA's items into the ring.
+template <class T>
+__device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
+  int it = 0;
+  for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
+    const WorkItem w = work_item<T>(p, item);
+    const int32_t* row = p.page_table + (size_t)w.b * p.max_pages;
+    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ++it) {
+      const int stage = it % T::kStages;
+      mbar_wait(&s.empty[stage], ((it / T::kStages) & 1) ^ 1);  // the consumers freed it
+      const int tok = c * kChunk;
+      const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
+      const unsigned long long page = static_cast<unsigned>(row[lpage]);
+      const int tip = tok - lpage * p.page_size;
+      // Pages hold every head: the page, this head's slice, the chunk's first 16-token row.
+      const unsigned long long codes = page * p.code_page_bytes + (unsigned)(w.h * p.code_head_bytes) +
+                                       (unsigned)(tip / 16 * (16 * kD * T::BITS / 8));
+      const unsigned long long params = page * p.param_page_bytes + (unsigned)(w.h * p.param_head_bytes);
+      const unsigned k_par = T::KCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
+      const unsigned v_par = T::VCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
+      uint8_t* st = s.ring[stage];
+      mbar_arrive_expect_tx(&s.full[stage], T::kStageBytes);
+      bulk_copy_g2s(st, p.k_codes + codes, T::kCodeBytes, &s.full[stage]);
+      bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + codes, T::kCodeBytes, &s.full[stage]);
+      bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + params + k_par, T::kKParamBytes, &s.full[stage]);
+      bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kKParamBytes, p.v_params + params + v_par, T::kVParamBytes,
+                    &s.full[stage]);
     }
   }
-  // Lane (r, t4) holds head r's channels 2*t4 + 8j + {0, 1}: the B fragment of S^T = K Q^T.
-  auto q_pair = [&](int j) -> uint32_t { return *reinterpret_cast<const uint32_t*>(sq + r * D + 2 * t4 + 8 * j); };
-  auto q_pair_f32 = [&](int j) -> float2 { return sqf[r * (S::kQfRow / 2) + t4 + 4 * j]; };
-  // Per-head sums that the folds need, for this lane's two accumulator heads 2*t4 + {0,1}.
-  auto to_acc_heads = [&](float per_row_head, float& h0, float& h1) {
-    h0 = __shfl_sync(0xffffffffu, per_row_head, (2 * t4) * 4);
-    h1 = __shfl_sync(0xffffffffu, per_row_head, (2 * t4 + 1) * 4);
-  };
+}
 
-  // Channel-wise K runs its product in fp16, folded or (the ablation) dequantized alike, so
-  // that the ablation differs from the fold in folding alone.
-  constexpr bool F16K = KCH;
-  // The largest |q| of this KV head's query heads (for the fold's fp16 prescale).
-  float maxq = 0.f;
-  auto reduce_maxq = [&]() {
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const float2 q2 = q_pair_f32(j);
-      maxq = fmaxf(maxq, fmaxf(fabsf(q2.x), fabsf(q2.y)));
-    }
-#pragma unroll
-    for (int m = 1; m < 32; m *= 2) maxq = fmaxf(maxq, __shfl_xor_sync(0xffffffffu, maxq, m));
-  };
+// ---------------------------------------------------------------------------------------
+// The consumer's view of itself: warp w (0..3) of the warpgroup, lane (g, t).
+struct Lane {
+  int tid, warp, lane, g, t;
+  __device__ __forceinline__ explicit Lane(int consumer_tid)
+      : tid(consumer_tid), warp(consumer_tid >> 5), lane(consumer_tid & 31), g((consumer_tid & 31) >> 2),
+        t(consumer_tid & 3) {}
+  // Token (within a chunk) of S accumulator element e: rows g and g + 8 of warp w's 16.
+  __device__ __forceinline__ int token(int e) const { return 16 * warp + g + 8 * (e >> 1); }
+  // Channel of O accumulator element e of m64 tile i: warp w owns channels 32w .. 32w + 31.
+  __device__ __forceinline__ int channel(int i, int e) const { return 32 * warp + 16 * i + 8 * (e >> 1) + g; }
+};
 
-  // ---- per-warp staging ring and fold tables.
-  uint8_t* wsmem = smem + warp * T::kStages * T::kStageBytes;
-  float2* ktab = reinterpret_cast<float2*>(smem + S::kTables + warp * T::kTableBytes);
-  float2* vtab = ktab + T::kKTable;
-  uint64_t* wbar = reinterpret_cast<uint64_t*>(smem + S::kBarriers) + warp * T::kStages;
-  if constexpr (FOSCAR_BULK) {
-    if (lane < T::kStages) mbar_init(wbar + lane, 1);
-    mbar_init_fence();
+// Sums / maxima over the 8 lanes that share t (the rows g of an accumulator fragment).
+__device__ __forceinline__ float sum_rows(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  x += __shfl_xor_sync(0xffffffffu, x, 16);
+  return x;
+}
+__device__ __forceinline__ float max_rows(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+  return x;
+}
+// Reduction over aligned groups of N lanes (xor within the group).
+template <int N, bool MAX>
+__device__ __forceinline__ float reduce_lanes(float x) {
+#pragma unroll
+  for (int m = 1; m < N; m *= 2) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, m);
+    x = MAX ? fmaxf(x, y) : x + y;
   }
-  __syncthreads();  // q is in place; every warp's barriers are initialised
-  if constexpr (F16K && !DEQ) reduce_maxq();
+  return x;
+}
 
-  // K operand. Token-wise K (and the ablation): q / f, exact in bf16, fixed for the run; the
-  // softmax scale goes into the epilogue constants. Channel-wise K: q * s * scale / f, rebuilt
-  // per token group from the fold table.
-  uint32_t qb[NQB][NJ];
-  float kbias[NQB][2];
-  float kq[GD][2], kb128[GD][2];  // token-wise K: per group, scale * sum q and scale * 128 sum q / f
-  if constexpr (!KCH || DEQ) {
+// Per-thread query staging: thread tid owns head n = tid / 16, channels 8 (tid % 16) .. + 7.
+struct QSlice {
+  int n, d0;
+  __device__ __forceinline__ explicit QSlice(int tid) : n(tid >> 4), d0(8 * (tid & 15)) {}
+  // Byte offset of this slice in a B tile stack (8 k-steps): 8 consecutive K values of row n.
+  __device__ __forceinline__ int tile_offset() const { return (d0 / 16) * kBTileBytes + b_tile_offset(d0 % 16, n); }
+};
+
+// ---------------------------------------------------------------------------------------
+// K side. Each policy builds the A operands of S = K Q^T from a staged 16-token tile, issues the
+// chunk's wgmmas, and turns the accumulators into log2-domain scores.
+template <class T>
+struct KFoldToken {
+  // Token-wise K, accumulator fold. B = q' / f (fp16, q' = q 2^-e, e keeping |q'| < 2^14); per
+  // channel group gk an accumulator acc_gk = sum_d q'_d / f_d (1024 + f_d c) and
+  //   score log2 = 2^e lambda s_{t,gk} (acc - 1024 sum q'/f) + lambda z_{t,gk} sum q.
+  static constexpr int kAcc = T::kGroupsD;
+  float acc[kAcc][4];
+  float kscale[2];       // 2^e lambda of heads 2t, 2t+1
+  float c1[kAcc][2], c2[kAcc][2];  // 1024 sum q'/f and lambda sum q per channel group, heads 2t, 2t+1
+
+  __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
+    const QSlice qs(L.tid);
+    float x[8], amax = 0.f;
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const float2 q2 = q_pair_f32(j);
-      const float inv_f = DEQ ? 1.0f : 1.0f / radix_factor<BITS>(j % P);
-      qb[0][j] = F16K ? pack_f16x2(q2.x, q2.y) : pack_bf16x2(q2.x * inv_f, q2.y * inv_f);
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(x[j] = s.q32[qs.n][qs.d0 + j]));
+    amax = reduce_lanes<16, true>(amax);
+    const int e = amax >= 16384.f ? ilog2f(amax) - 13 : 0;  // keep q' in fp16's range
+    const float down = exp2_int(-e);
+    uint32_t h[4];
+    float qf = 0.f, qsum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      const float f0 = k_radix<T::BITS>(((qs.d0 + j) / 8) % (16 / T::BITS));
+      h[j / 2] = pack_f16x2(x[j] * down / f0, x[j + 1] * down / f0);  // a pair shares its block's factor
+      const float2 r = unpack_f16x2(h[j / 2]);
+      qf += r.x + r.y;
+      qsum += x[j] + x[j + 1];
     }
-    if constexpr (!KCH) {
-#pragma unroll
-      for (int g = 0; g < GD; ++g) {
-        float qs = 0.f, bs = 0.f;
-#pragma unroll
-        for (int j = g * G / 8; j < (g + 1) * G / 8; ++j) {
-          const float2 q2 = q_pair_f32(j), b2 = unpack_bf16x2(qb[0][j]);
-          qs += q2.x + q2.y;
-          bs += b2.x + b2.y;
-        }
-        to_acc_heads(warp_sum_quad(qs) * scale, kq[g][0], kq[g][1]);
-        to_acc_heads(warp_sum_quad(bs) * (kBias * scale), kb128[g][0], kb128[g][1]);
-      }
+    *reinterpret_cast<uint4*>(s.q_tile[0][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
+    // Sums over each channel group: G / 8 lanes of 8 channels each.
+    qf = reduce_lanes<T::G / 8, false>(qf);
+    qsum = reduce_lanes<T::G / 8, false>(qsum);
+    if ((L.tid & (T::G / 8 - 1)) == 0) {
+      const int gk = qs.d0 / T::G;
+      s.kconst[gk][qs.n][0] = kKBias * qf;
+      s.kconst[gk][qs.n][1] = p.sm_scale_log2 * qsum;
+      s.kconst[gk][qs.n][2] = p.sm_scale_log2 * exp2_int(e);
     }
   }
-  // Channel-wise K, folded, in fp16. The warp's lanes turn the group rows' (s, z) into the
-  // table (s * scale * 2^e / f, f z / s - 1024), 2^e chosen per group so that max |q~| sits in
-  // [2^13, 2^14); then each lane builds its operand q~ = q * s * scale * 2^e / f and the bias
-  // sum_d q~_d (f z_d / s_d - 1024): the offset rides on the same rounded q~ as the codes, so
-  // each channel carries one rounding and the score error stays centred. Scores come out
-  // times 2^e; kq_inv[gq] = 2^-e undoes it inside the softmax.
-  float kq_inv[NQB];
-  auto rebuild_k = [&](const __half2* gp) {
-    constexpr int kPerLane = T::kKTable / 32, kPerGroup = D / 32;
-    float2 ent[kPerLane > 0 ? kPerLane : 1];
-    float smax[NQB];
+  __device__ __forceinline__ void load_constants(SharedStorage<T>& s, const Lane& L) {
 #pragma unroll
-    for (int gq = 0; gq < NQB; ++gq) smax[gq] = 0.f;
+    for (int hh = 0; hh < 2; ++hh) {
+      kscale[hh] = s.kconst[0][2 * L.t + hh][2];
 #pragma unroll
-    for (int n = 0; n < kPerLane; ++n) {
-      const int i = lane + 32 * n;
-      const float2 sz = __half22float2(gp[i]);
-      const float f = radix_factor_f16<BITS>(((i % D) / 8) % P);
-      const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
-      ent[n] = make_float2(sc * (scale / f), f * __fdividef(sz.y, sc) - kBiasF16);
-      smax[n / kPerGroup] = fmaxf(smax[n / kPerGroup], ent[n].x);
+      for (int gk = 0; gk < kAcc; ++gk) c1[gk][hh] = s.kconst[gk][2 * L.t + hh][0], c2[gk][hh] = s.kconst[gk][2 * L.t + hh][1];
     }
-    float factor[NQB];
-#pragma unroll
-    for (int gq = 0; gq < NQB; ++gq) {
-#pragma unroll
-      for (int m = 1; m < 32; m *= 2) smax[gq] = fmaxf(smax[gq], __shfl_xor_sync(0xffffffffu, smax[gq], m));
-      // 2^(13 - floor(log2(max |q| * max s'))), built from the exponent bits (exact).
-      const int ebits = (float_bits(maxq * smax[gq]) >> 23) & 0xff;
-      const int fbits = min(max(127 + kQTopExponent + 127 - ebits, 1), 254);
-      const bool live = maxq * smax[gq] > 0.f;
-      factor[gq] = live ? bits_float(fbits << 23) : 1.f;
-      kq_inv[gq] = live ? bits_float((254 - fbits) << 23) : 1.f;
-    }
-#pragma unroll
-    for (int n = 0; n < kPerLane; ++n) {
-      ent[n].x *= factor[n / kPerGroup];
-      ktab[lane + 32 * n] = ent[n];
-    }
-    __syncwarp();
-#pragma unroll
-    for (int gq = 0; gq < NQB; ++gq) {
-      float part = 0.f;
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) {
-        const float4 e = *reinterpret_cast<const float4*>(ktab + gq * D + 2 * t4 + 8 * j);
-        const float2 q2 = q_pair_f32(j);
-        qb[gq][j] = pack_f16x2(q2.x * e.x, q2.y * e.z);
-        const float2 b2 = unpack_f16x2(qb[gq][j]);
-        part = fmaf(b2.x, e.y, fmaf(b2.y, e.w, part));
-      }
-      to_acc_heads(warp_sum_quad(part), kbias[gq][0], kbias[gq][1]);
-    }
-  };
-  // Ablation, channel-wise K: per channel pair, s / f and z - 1024 s / f in fp32 (fp16 operands).
-  constexpr int NKD = DEQ ? NJ : 1;
-  float kds[NKD][2], kdz[NKD][2];
-  auto rebuild_k_dequant = [&](const __half2* gp) {
-#pragma unroll
-    for (int j = 0; j < NKD; ++j) {
-      const int c = 2 * t4 + 8 * j;
-      const float inv_f = 1.0f / radix_factor_f16<BITS>(j % P);
-      const float2 sz0 = __half22float2(gp[c]), sz1 = __half22float2(gp[c + 1]);
-      kds[j][0] = sz0.x * inv_f, kds[j][1] = sz1.x * inv_f;
-      kdz[j][0] = sz0.y - kBiasF16 * kds[j][0], kdz[j][1] = sz1.y - kBiasF16 * kds[j][1];
-    }
-  };
-  // Token-wise V: the chunk's (s, z) become (s, z / s), one entry per token and group.
-  auto build_v_table = [&](const __half2* vp) {
-#pragma unroll
-    for (int i = lane; i < T::kVTable; i += 32) {
-      const float2 sz = __half22float2(vp[i]);
-      const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
-      vtab[i] = make_float2(sc, __fdividef(sz.y, sc));
-    }
-  };
+  }
+  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&, const uint8_t*, bool) {}
 
-  // ---- running state: O^T accumulators (channels 16mt + r (+8), heads 2*t4 + {0,1}), kept
-  // as plain attention output. The biased, scale-free MMA results land in `raw` first and are
-  // folded into o every kFlushChunks chunks (token-wise V) or per token group (channel-wise
-  // V): a short span keeps the 128 bias from eating the accumulation's precision.
-  float o[NMT][4];
-  float raw[RAW ? NMT : 1][4];
+  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4]) {
+    const uint32_t base = smem_u32(s.q_tile[0][0]);
 #pragma unroll
-  for (int mt = 0; mt < NMT; ++mt)
+    for (int kt = 0; kt < 8; ++kt) {
+      const int gk = kt * 16 / T::G;
+      wgmma_m64n8k16<true>(acc[gk], a[kt][0], a[kt][1], a[kt][2], a[kt][3], b_tile_desc(base + kt * kBTileBytes),
+                           (kt * 16) % T::G != 0);
+    }
+  }
+  // log2-domain scores of this thread's (token, head) pairs; `par` = the chunk's K params.
+  __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane& L, const uint8_t* par, float (&x)[4]) const {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[mt][e] = 0.f, raw[RAW ? mt : 0][e] = 0.f;
-  float m_run[2] = {kNegInf, kNegInf}, l_part[2] = {0.f, 0.f};
-  float vps[GD][2], vpz[GD][2];  // token-wise V: sums of rounded p~ and of p~ z / s since the flush
+    for (int e = 0; e < 4; ++e) x[e] = 0.f;
 #pragma unroll
-  for (int g = 0; g < GD; ++g) vps[g][0] = vps[g][1] = vpz[g][0] = vpz[g][1] = 0.f;
-  float gps[2] = {0.f, 0.f};     // channel-wise V: sum of rounded p in the open token group
-
-  // Channel-wise V: the token group closes; fold its scale and offset into o.
-  auto flush_v_channel = [&](const __half2* gp) {
-    const float ps0 = warp_sum_rows(gps[0]), ps1 = warp_sum_rows(gps[1]);
-#pragma unroll
-    for (int mt = 0; mt < NMT; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int c = 16 * mt + r + 8 * half;
-        const float2 sz = __half22float2(gp[c]);
-        const float sf = sz.x / radix_factor<BITS>((2 * mt + half) % P);
-        o[mt][2 * half] += sf * (raw[mt][2 * half] - kBias * ps0) + sz.y * ps0;
-        o[mt][2 * half + 1] += sf * (raw[mt][2 * half + 1] - kBias * ps1) + sz.y * ps1;
-        raw[mt][2 * half] = raw[mt][2 * half + 1] = 0.f;
-      }
-    gps[0] = gps[1] = 0.f;
-  };
-  // Token-wise V, every kFlushChunks chunks: cancel the bias, divide out radix factors, add offsets.
-  auto flush_v_token = [&]() {
-    float add[GD][2];
-#pragma unroll
-    for (int g = 0; g < GD; ++g)
-#pragma unroll
-      for (int hd = 0; hd < 2; ++hd) {
-        vps[g][hd] = warp_sum_rows(vps[g][hd]);
-        add[g][hd] = warp_sum_rows(vpz[g][hd]);
-        vpz[g][hd] = 0.f;
-      }
-#pragma unroll
-    for (int mt = 0; mt < NMT; ++mt)
+    for (int gk = 0; gk < kAcc; ++gk)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int g = (16 * mt) / G;
-        const float inv_f = 1.0f / radix_factor<BITS>((2 * mt + (e >> 1)) % P);
-        o[mt][e] += fmaf(raw[mt][e], inv_f, fmaf(-kBias * inv_f, vps[g][e & 1], add[g][e & 1]));
-        raw[mt][e] = 0.f;
+        const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[L.token(e) * T::kGroupsD + gk]);
+        x[e] = fmaf(kscale[e & 1] * sz.x, acc[gk][e] - c1[gk][e & 1], fmaf(sz.y, c2[gk][e & 1], x[e]));
       }
-#pragma unroll
-    for (int g = 0; g < GD; ++g) vps[g][0] = vps[g][1] = 0.f;
-  };
+  }
+};
 
-  // ---- chunk schedule: warp w takes units u_begin + w, + NW, ...; each unit is whole groups.
-  auto chunk_token = [&](int n) {
-    const int u = u_begin + warp + (n / T::kChunksPerUnit) * NW;
-    return u < u_end ? u * T::kUnit + (n % T::kChunksPerUnit) * kChunk : Lp;
-  };
-  const int32_t* page_row = p.page_table + (size_t)b * p.max_pages;
-  constexpr int CPS = T::kChunksPerStage;
-  // Stages the chunks n * CPS .. n * CPS + CPS - 1 of this warp (consecutive tokens of a page).
-  auto issue = [&](int n, int stage) {
-    const int tok0 = chunk_token(n * CPS);
-    if (tok0 >= Lp) return;
-    // Power-of-two pages (the usual case) skip the integer division.
-    const int lpage = p.page_shift >= 0 ? tok0 >> p.page_shift : tok0 / p.page_size;
-    const unsigned long long page = static_cast<unsigned>(page_row[lpage]);
-    const int tip = tok0 - lpage * p.page_size;
-    uint8_t* st = wsmem + stage * T::kStageBytes;
-    // Byte offsets: the page, this head's slice of it (pages hold every head: docs/FORMAT.md),
-    // the chunk's first tile; parameters from the chunk's first token (token-wise) or its group.
-    const unsigned long long code_off =
-        page * p.code_page_bytes + (unsigned)(h * p.code_head_bytes + (tip / 16) * (WPT * 4));
-    const unsigned long long param_off =
-        page * p.param_page_bytes + (unsigned)(h * p.param_head_bytes);
-    const uint8_t* kc_src = reinterpret_cast<const uint8_t*>(p.k_codes) + code_off;
-    const uint8_t* vc_src = reinterpret_cast<const uint8_t*>(p.v_codes) + code_off;
-    const uint8_t* kp_src =
-        reinterpret_cast<const uint8_t*>(p.k_params) + param_off + (KCH ? (tip / G) * D * 4 : tip * GD * 4);
-    const uint8_t* vp_src =
-        reinterpret_cast<const uint8_t*>(p.v_params) + param_off + (VCH ? (tip / G) * D * 4 : tip * GD * 4);
-    constexpr int kKParamBytes = (KCH ? T::kParamsPerChunk : CPS * kChunk * GD) * 4;
-    constexpr int kVParamBytes = (VCH ? T::kParamsPerChunk : CPS * kChunk * GD) * 4;
-    constexpr int kCodes = CPS * T::kCodeBytes;  // per tensor
-    // A channel-wise group row is read where the group starts (K: the operand rebuild) or
-    // ends (V: the flush); when a group spans two stages the other stage skips the copy.
-    const bool k_params = !KCH || tip % G == 0;
-    const bool v_params = !VCH || (tip + CPS * kChunk) % G == 0;
-    if constexpr (FOSCAR_BULK) {
-      if (lane == 0) {
-        uint64_t* bar = wbar + stage;
-        mbar_arrive_expect_tx(bar, 2 * kCodes + (k_params ? kKParamBytes : 0) + (v_params ? kVParamBytes : 0));
-        bulk_copy_g2s(st, kc_src, kCodes, bar);
-        bulk_copy_g2s(st + kCodes, vc_src, kCodes, bar);
-        if (k_params) bulk_copy_g2s(st + 2 * kCodes, kp_src, kKParamBytes, bar);
-        if (v_params) bulk_copy_g2s(st + 2 * kCodes + T::kParamsPerChunk * 4, vp_src, kVParamBytes, bar);
-      }
-    } else {
-#pragma unroll
-      for (int i = lane; i < kCodes / 16; i += 32) {
-        cp_async_16(st + 16 * i, kc_src + 16 * i);
-        cp_async_16(st + kCodes + 16 * i, vc_src + 16 * i);
-      }
-      uint8_t* kp_dst = st + 2 * kCodes;
-      uint8_t* vp_dst = kp_dst + T::kParamsPerChunk * 4;
-      for (int i = lane; k_params && i < kKParamBytes / 16; i += 32) cp_async_16(kp_dst + 16 * i, kp_src + 16 * i);
-      for (int i = lane; v_params && i < kVParamBytes / 16; i += 32) cp_async_16(vp_dst + 16 * i, vp_src + 16 * i);
-    }
-  };
+template <class T>
+struct KFoldChannel {
+  // Channel-wise K, operand fold. Once per token group the warpgroup builds
+  // Q~ = q s lambda 2^e / f (fp16, 2^e per head keeping max |Q~| in [2^13, 2^14)) and
+  // bias = sum_d Q~_d (f z / s - 1024), so that  score log2 = 2^-e (acc + bias): the offset rides
+  // on the same rounded Q~ as the codes, so each channel carries one centred rounding.
+  // A chunk holding two token groups (G = 32) runs one wgmma chain per group, each warp giving
+  // zero operands to the group it does not hold.
+  static constexpr int kGroups = T::kGroupsT;
+  float acc[1][4];
+  float bias[2], inv[2];  // of this thread's group, heads 2t, 2t+1
 
-  // ---- online softmax over one chunk of scores (log2 domain). The maximum is reduced across
-  // lanes, and the running state rescaled, only when some lane saw a score above the running
-  // maximum: after the first chunks of a sequence that is rare.
-  // s[t] holds tile t's scores up to the positive factor ts[t] (log2 domain after it).
-  float s[NT][4], ts[NT];
-  auto softmax_update = [&]() {
-    float mx[2];
+  __device__ __forceinline__ void setup(const DecodeParams&, SharedStorage<T>&, const Lane&) {}
+  __device__ __forceinline__ void load_constants(SharedStorage<T>&, const Lane&) {}
+  __device__ __forceinline__ int my_group(const Lane& L) const { return kGroups == 1 ? 0 : (16 * L.warp) / T::G; }
+
+  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64).
+  __device__ __forceinline__ void begin_chunk(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
+                                              const uint8_t* par, bool group_starts) {
+    if (!group_starts) return;
+    const QSlice qs(L.tid);
 #pragma unroll
-    for (int hd = 0; hd < 2; ++hd) {
-      mx[hd] = fmaxf(s[0][hd], s[0][hd + 2]) * ts[0];
+    for (int gq = 0; gq < kGroups; ++gq) {
+      const __half2* row = reinterpret_cast<const __half2*>(par) + gq * kD;
+      float qt[8], sc[8], amax = 0.f;
 #pragma unroll
-      for (int t = 1; t < NT; ++t) mx[hd] = fmaxf(mx[hd], fmaxf(s[t][hd], s[t][hd + 2]) * ts[t]);
-    }
-    if (__any_sync(0xffffffffu, mx[0] > m_run[0] || mx[1] > m_run[1])) {
+      for (int j = 0; j < 8; ++j) {
+        const float2 sz = __half22float2(row[qs.d0 + j]);
+        sc[j] = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
+        const float f = k_radix<T::BITS>(((qs.d0 + j) / 8) % (16 / T::BITS));
+        qt[j] = s.q32[qs.n][qs.d0 + j] * sc[j] * (p.sm_scale_log2 / f);
+        amax = fmaxf(amax, fabsf(qt[j]));
+      }
+      amax = reduce_lanes<16, true>(amax);
+      const int e = amax > 0.f ? 13 - ilog2f(amax) : 0;
+      const float up = exp2_int(max(min(e, 126), -126));
+      uint32_t h[4];
+      float part = 0.f;
 #pragma unroll
-      for (int hd = 0; hd < 2; ++hd) {
-        const float m_new = fmaxf(m_run[hd], warp_max_rows(mx[hd]));
-        const float alpha = exp2f(m_run[hd] - m_new);  // 0 on the first chunk
-        m_run[hd] = m_new;
-        l_part[hd] *= alpha;
-#pragma unroll
-        for (int mt = 0; mt < NMT; ++mt) {
-          o[mt][hd] *= alpha;
-          o[mt][hd + 2] *= alpha;
-          if constexpr (RAW) {
-            raw[mt][hd] *= alpha;
-            raw[mt][hd + 2] *= alpha;
-          }
-        }
-        if constexpr (VCH && RAW) gps[hd] *= alpha;
-        if constexpr (!VCH && RAW) {
-#pragma unroll
-          for (int g = 0; g < GD; ++g) vps[g][hd] *= alpha, vpz[g][hd] *= alpha;
-        }
+      for (int j = 0; j < 8; j += 2) {
+        h[j / 2] = pack_f16x2(qt[j] * up, qt[j + 1] * up);
+        const float2 r = unpack_f16x2(h[j / 2]);
+        const float f = k_radix<T::BITS>(((qs.d0 + j) / 8) % (16 / T::BITS));
+        const float2 z01 = make_float2(__half22float2(row[qs.d0 + j]).y, __half22float2(row[qs.d0 + j + 1]).y);
+        part = fmaf(r.x, f * z01.x / sc[j] - kKBias, fmaf(r.y, f * z01.y / sc[j + 1] - kKBias, part));
+      }
+      *reinterpret_cast<uint4*>(s.q_tile[gq][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
+      part = reduce_lanes<16, false>(part);
+      if ((L.tid & 15) == 0) {
+        s.kconst[gq][qs.n][0] = part;
+        s.kconst[gq][qs.n][1] = exp2_int(-max(min(e, 126), -126));
       }
     }
-  };
-  // p = 2^(s - m) for tile t, in the accumulator layout; the softmax denominator takes the
-  // unrounded p.
-  auto probabilities = [&](int t, float (&pr)[4]) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      pr[e] = exp2f(fmaf(s[t][e], ts[t], -m_run[e & 1]));
-      l_part[e & 1] += pr[e];
-    }
-  };
+    fence_proxy_async_smem();
+    named_barrier(kConsumerBarrier, kConsumerThreads);
+    const int gq = my_group(L);
+    bias[0] = s.kconst[gq][2 * L.t][0], bias[1] = s.kconst[gq][2 * L.t + 1][0];
+    inv[0] = s.kconst[gq][2 * L.t][1], inv[1] = s.kconst[gq][2 * L.t + 1][1];
+  }
 
-  auto k_operands = [&](const uint32_t (&kw)[T::kWordsPerLane], int kt, uint32_t (&a)[4]) {
-    const int jq = (2 * kt) / P;
+  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane& L, const uint32_t (&a)[8][4]) {
+#pragma unroll
+    for (int gq = 0; gq < kGroups; ++gq) {
+      const uint32_t base = smem_u32(s.q_tile[gq][0]);
+      const bool mine = my_group(L) == gq;
+#pragma unroll
+      for (int kt = 0; kt < 8; ++kt)
+        wgmma_m64n8k16<true>(acc[0], mine ? a[kt][0] : 0u, mine ? a[kt][1] : 0u, mine ? a[kt][2] : 0u,
+                             mine ? a[kt][3] : 0u, b_tile_desc(base + kt * kBTileBytes), gq > 0 || kt > 0);
+    }
+  }
+  __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane&, const uint8_t*, float (&x)[4]) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = (acc[0][e] + bias[e & 1]) * inv[e & 1];
+  }
+};
+
+template <class T>
+struct KDequant {
+  // The ablation, channel-wise K: every element becomes s c + z (fp32, rounded once to fp16)
+  // before the MMA; B = q' = q 2^-e (fp16).  score log2 = 2^e lambda acc.
+  float acc[1][4];
+  float kscale[2];
+  __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
+    const QSlice qs(L.tid);
+    float x[8], amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(x[j] = s.q32[qs.n][qs.d0 + j]));
+    amax = reduce_lanes<16, true>(amax);
+    const int e = amax >= 16384.f ? ilog2f(amax) - 13 : 0;
+    const float down = exp2_int(-e);
+    uint32_t h[4];
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) h[j / 2] = pack_f16x2(x[j] * down, x[j + 1] * down);
+    *reinterpret_cast<uint4*>(s.q_tile[0][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
+    if ((L.tid & 15) == 0) s.kconst[0][qs.n][2] = p.sm_scale_log2 * exp2_int(e);
+  }
+  __device__ __forceinline__ void load_constants(SharedStorage<T>& s, const Lane& L) {
+    kscale[0] = s.kconst[0][2 * L.t][2];
+    kscale[1] = s.kconst[0][2 * L.t + 1][2];
+  }
+  // The K operands are dequantized in place: (x - 1024) / f s + z per element.
+  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&, const uint8_t*, bool) {}
+  __device__ __forceinline__ void dequantize(const Lane& L, const uint8_t* par, uint32_t (&a)[8][4]) const {
+    const __half2* row = reinterpret_cast<const __half2*>(par) + ((16 * L.warp) / T::G) * kD;
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int c = 16 * kt + 2 * L.t + 8 * (r >> 1);
+        const float f = k_radix<T::BITS>((c / 8) % (16 / T::BITS));
+        const float2 s0 = __half22float2(row[c]), s1 = __half22float2(row[c + 1]);
+        const float2 v = unpack_f16x2(a[kt][r]);
+        a[kt][r] = pack_f16x2(fmaf(v.x, s0.x / f, s0.y - kKBias * s0.x / f), fmaf(v.y, s1.x / f, s1.y - kKBias * s1.x / f));
+      }
+  }
+  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4]) {
+    const uint32_t base = smem_u32(s.q_tile[0][0]);
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt)
+      wgmma_m64n8k16<true>(acc[0], a[kt][0], a[kt][1], a[kt][2], a[kt][3], b_tile_desc(base + kt * kBTileBytes), kt > 0);
+  }
+  __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane&, const uint8_t*, float (&x)[4]) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = acc[0][e] * kscale[e & 1];
+  }
+};
+
+// The A operands of S for warp w's 16-token tile of a chunk (fp16 injection, docs/FORMAT.md).
+template <int BITS>
+__device__ __forceinline__ void k_operands(const uint8_t* tile, int lane, uint32_t (&a)[8][4]) {
+  constexpr int W = kD * BITS / 64, HALF = W / 2, P = 16 / BITS;
+  uint32_t w[W];
+#pragma unroll
+  for (int v = 0; v < W / 4; ++v) {
+    const uint4 x = lds128(tile + (v * 128 + lane * 4) * 4);
+    w[4 * v] = x.x, w[4 * v + 1] = x.y, w[4 * v + 2] = x.z, w[4 * v + 3] = x.w;
+  }
+#pragma unroll
+  for (int kt = 0; kt < 8; ++kt) {
+    const int j = (2 * kt) / P;
     switch ((2 * kt) % P) {
-#define FOSCAR_K_CASE(K0)                                                            \
-  case K0:                                                                           \
-    a[0] = inject_as<BITS, F16K, K0>(kw[jq]), a[1] = inject_as<BITS, F16K, K0>(kw[HALFW + jq]);                 \
-    a[2] = inject_as<BITS, F16K, K0 + 1>(kw[jq]), a[3] = inject_as<BITS, F16K, K0 + 1>(kw[HALFW + jq]);         \
+#define FOSCAR_K_CASE(K0)                                                                   \
+  case K0:                                                                                  \
+    a[kt][0] = inject_k<BITS, K0>(w[j]), a[kt][1] = inject_k<BITS, K0>(w[HALF + j]);        \
+    a[kt][2] = inject_k<BITS, K0 + 1>(w[j]), a[kt][3] = inject_k<BITS, K0 + 1>(w[HALF + j]); \
     break;
       FOSCAR_K_CASE(0)
       FOSCAR_K_CASE(2)
@@ -540,355 +495,689 @@ __global__ void __launch_bounds__(DecodeTraits<BITS, D, G, KCH, VCH, DEQ>::kWarp
       FOSCAR_K_CASE(6)
 #undef FOSCAR_K_CASE
     }
-    if constexpr (DEQ) {
-      a[0] = dequant_f16x2(a[0], kds[2 * kt], kdz[2 * kt]);
-      a[1] = dequant_f16x2(a[1], kds[2 * kt], kdz[2 * kt]);
-      a[2] = dequant_f16x2(a[2], kds[2 * kt + 1], kdz[2 * kt + 1]);
-      a[3] = dequant_f16x2(a[3], kds[2 * kt + 1], kdz[2 * kt + 1]);
-    }
-  };
-  auto v_operands = [&](const uint32_t (&vw)[T::kWordsPerLane], int mt, uint32_t (&a)[4]) {
-    const int iq = (2 * mt) / P;
-    switch ((2 * mt) % P) {
-#define FOSCAR_V_CASE(K0)                                                            \
-  case K0:                                                                           \
-    a[0] = inject<BITS, K0>(vw[iq]), a[1] = inject<BITS, K0 + 1>(vw[iq]);             \
-    a[2] = inject<BITS, K0>(vw[HALFW + iq]), a[3] = inject<BITS, K0 + 1>(vw[HALFW + iq]); \
-    break;
-      FOSCAR_V_CASE(0)
-      FOSCAR_V_CASE(2)
-      FOSCAR_V_CASE(4)
-      FOSCAR_V_CASE(6)
-#undef FOSCAR_V_CASE
-    }
-  };
-  auto load_tile = [&](const uint32_t* src, uint32_t (&w)[T::kWordsPerLane]) {
-#pragma unroll
-    for (int v = 0; v < T::kWordsPerLane / 4; ++v) {
-      const uint4 x = lds128(src + v * 128 + lane * 4);
-      w[4 * v] = x.x, w[4 * v + 1] = x.y, w[4 * v + 2] = x.z, w[4 * v + 3] = x.w;
-    }
-  };
-
-  // ---- main loop over this warp's packed chunks.
-#pragma unroll
-  for (int st = 0; st < T::kStages - 1; ++st) {
-    issue(st, st);
-    if constexpr (!FOSCAR_BULK) cp_async_commit();
   }
-  for (int n = 0;; ++n) {
-    const int tok_chunk = chunk_token(n);
-    if (tok_chunk >= Lp) break;
-    const int ns = n / CPS, c = n % CPS;  // the chunk's stage trip and its place in the stage
-    if (c == 0) {
-      if constexpr (FOSCAR_BULK) {
-        // The stage refilled now was read in the previous trip: each lane orders its reads
-        // before the copy engine's writes, and the warp meets before lane 0 issues.
-        fence_proxy_async_smem();
-        __syncwarp();
-        issue(ns + T::kStages - 1, (ns + T::kStages - 1) % T::kStages);
-        mbar_wait(wbar + ns % T::kStages, (ns / T::kStages) & 1);
-      } else {
-        issue(ns + T::kStages - 1, (ns + T::kStages - 1) % T::kStages);
-        cp_async_commit();
-        cp_async_wait<T::kStages - 1>();
-        __syncwarp();
-      }
-    }
+}
 
-    const uint8_t* st = wsmem + (ns % T::kStages) * T::kStageBytes;
-    const uint32_t* sk = reinterpret_cast<const uint32_t*>(st + c * T::kCodeBytes);
-    const uint32_t* sv = reinterpret_cast<const uint32_t*>(st + (CPS + c) * T::kCodeBytes);
-    // Group rows (channel-wise) serve the whole stage; token-wise runs are per chunk.
-    const __half2* skp = reinterpret_cast<const __half2*>(st + 2 * CPS * T::kCodeBytes) + (KCH ? 0 : c * kChunk * GD);
-    const __half2* svp =
-        reinterpret_cast<const __half2*>(st + 2 * CPS * T::kCodeBytes) + T::kParamsPerChunk + (VCH ? 0 : c * kChunk * GD);
-    // Channel-wise runs start at the group holding the chunk's first token; with G >= 64 a
-    // chunk never crosses a group, with G = 32 it holds two whole groups.
-    const bool group_start = tok_chunk % G == 0;
-    // Only a chunk that crosses the end of the packed tokens needs masks (warp-uniform).
-    const bool partial = tok_chunk + kChunk > Lp;
-    // Token-wise V flushes after every kFlushChunks chunks and after the warp's last one.
-    const bool flush_now = (n + 1) % T::kFlushChunks == 0 || chunk_token(n + 1) >= Lp;
-
-    if constexpr (KCH && !DEQ) {
-      if (group_start) rebuild_k(skp);
-    }
-    if constexpr (!VCH && !DEQ) build_v_table(svp);
-
-    // -------- scores S^T = K Q^T for the chunk's tiles, in the log2 domain
+// ---------------------------------------------------------------------------------------
+// V side. Each policy builds the A operands of O^T = V^T P^T from the warp's slice of a staged
+// 64-token block, publishes the B operand (P or P~) and folds the accumulators into the output.
+//
+// The A operands of warp w for k-step kt and m64 tile i: rows g / g+8 are the channels of blocks
+// 2i / 2i+1 (32w + 16i + g, + 8), columns the tokens 16kt + 2t (+1) and + 8.
+template <int BITS, bool CENTRE>
+__device__ __forceinline__ void v_operands(const uint8_t* block, int warp, int lane, uint32_t (&a)[4][2][4]) {
+  constexpr int W = 2 * BITS;
+  const uint8_t* mine = block + warp * 32 * W * 4;
+  uint32_t w[W];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      uint32_t kw[T::kWordsPerLane];
-      load_tile(sk + t * WPT, kw);
-      if constexpr (DEQ) {
-        if ((16 * t) % G == 0 && ((tok_chunk + 16 * t) % G == 0)) rebuild_k_dequant(skp + ((16 * t) / G) * D);
-      }
-      if constexpr (KCH) {
-        const int gq = NQB == 1 ? 0 : (16 * t) / G;
-        float acc[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[e] = DEQ ? 0.f : kbias[gq][e & 1];  // the bias seeds the chain
-#pragma unroll
-        for (int kt = 0; kt < T::kNKT; ++kt) {
-          uint32_t a[4];
-          k_operands(kw, kt, a);
-          if constexpr (F16K) mma_f16_16816(acc, a[0], a[1], a[2], a[3], qb[gq][2 * kt], qb[gq][2 * kt + 1]);
-          else mma_bf16_16816(acc, a[0], a[1], a[2], a[3], qb[gq][2 * kt], qb[gq][2 * kt + 1]);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[t][e] = acc[e];
-        ts[t] = DEQ ? scale : kq_inv[gq];
-      } else {
-        // K token-wise: one accumulator per channel group, scaled per token before adding.
-        ts[t] = 1.f;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
-#pragma unroll
-        for (int g = 0; g < GD; ++g) {
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int kt = g * G / 16; kt < (g + 1) * G / 16; ++kt) {
-            uint32_t a[4];
-            k_operands(kw, kt, a);
-            mma_bf16_16816(acc, a[0], a[1], a[2], a[3], qb[0][2 * kt], qb[0][2 * kt + 1]);
-          }
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const float2 sz = __half22float2(skp[(16 * t + r + 8 * hr) * GD + g]);
-            const float sx = sz.x * scale;
-#pragma unroll
-            for (int hd = 0; hd < 2; ++hd) {
-              const int e = 2 * hr + hd;
-              s[t][e] += fmaf(sx, acc[e], fmaf(sz.y, kq[g][hd], -sz.x * kb128[g][hd]));
-            }
-          }
-        }
-      }
-    }
-    if (partial) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (tok_chunk + 16 * t + r + 8 * (e >> 1) >= Lp) s[t][e] = kNegInf;
-    }
-
-    softmax_update();
-    if constexpr (!VCH && !DEQ) __syncwarp();  // the V table is complete
-
-    // -------- O^T += V^T P^T, tile by tile
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float pr[4];
-      probabilities(t, pr);
-      uint32_t vw[T::kWordsPerLane];
-      load_tile(sv + t * WPT, vw);
-      // B operands, one per channel group for token-wise V (p~ = p * s per group).
-      constexpr int NB = (!VCH && !DEQ) ? GD : 1;
-      uint32_t b0[NB], b1[NB];
-#pragma unroll
-      for (int g = 0; g < NB; ++g) {
-        uint32_t lo, hi;
-        if constexpr (!VCH && !DEQ) {
-          const float2 e0 = vtab[(16 * t + r) * GD + g], e1 = vtab[(16 * t + r + 8) * GD + g];
-          lo = pack_bf16x2(pr[0] * e0.x, pr[1] * e0.x);
-          hi = pack_bf16x2(pr[2] * e1.x, pr[3] * e1.x);
-          // Offsets ride on the same rounded p~ as the codes (p~ z / s), so each token's value
-          // is weighted by one rounded p~: a centred error.
-          const float2 fl = unpack_bf16x2(lo), fh = unpack_bf16x2(hi);
-          vps[g][0] += fl.x + fh.x;
-          vps[g][1] += fl.y + fh.y;
-          vpz[g][0] = fmaf(fl.x, e0.y, fmaf(fh.x, e1.y, vpz[g][0]));
-          vpz[g][1] = fmaf(fl.y, e0.y, fmaf(fh.y, e1.y, vpz[g][1]));
-        } else {
-          lo = pack_bf16x2(pr[0], pr[1]);
-          hi = pack_bf16x2(pr[2], pr[3]);
-          if constexpr (VCH && !DEQ) {
-            const float2 fl = unpack_bf16x2(lo), fh = unpack_bf16x2(hi);
-            gps[0] += fl.x + fh.x;
-            gps[1] += fl.y + fh.y;
-          }
-        }
-        b0[g] = movmatrix_trans(lo);
-        b1[g] = movmatrix_trans(hi);
-      }
-      // Ablation, token-wise V: s / f and z - 128 s / f of this lane's A columns (token pairs).
-      constexpr int NF = radix_classes<BITS>();  // distinct radix factors
-      float vds[DEQ ? 2 * GD * NF : 1][2], vdz[DEQ ? 2 * GD * NF : 1][2];
-      if constexpr (DEQ) {
-#pragma unroll
-        for (int tau = 0; tau < 2; ++tau)
-#pragma unroll
-          for (int g = 0; g < GD; ++g) {
-            const int tt = 16 * t + 2 * t4 + 8 * tau;
-            const float2 s0 = __half22float2(svp[tt * GD + g]), s1 = __half22float2(svp[(tt + 1) * GD + g]);
-#pragma unroll
-            for (int fc = 0; fc < NF; ++fc) {
-              const float inv_f = 1.0f / class_factor<BITS>(fc);
-              const int i = (tau * GD + g) * NF + fc;
-              vds[i][0] = s0.x * inv_f, vds[i][1] = s1.x * inv_f;
-              vdz[i][0] = s0.y - kBias * vds[i][0], vdz[i][1] = s1.y - kBias * vds[i][1];
-            }
-          }
-      }
-#pragma unroll
-      for (int mt = 0; mt < NMT; ++mt) {
-        uint32_t a[4];
-        v_operands(vw, mt, a);
-        const int g = (16 * mt) / G;
-        if constexpr (DEQ) {
-          const int fc0 = radix_class<BITS>((2 * mt) % P), fc1 = radix_class<BITS>((2 * mt + 1) % P);
-          a[0] = dequant_bf16x2(a[0], vds[g * NF + fc0], vdz[g * NF + fc0]);
-          a[1] = dequant_bf16x2(a[1], vds[g * NF + fc1], vdz[g * NF + fc1]);
-          a[2] = dequant_bf16x2(a[2], vds[(GD + g) * NF + fc0], vdz[(GD + g) * NF + fc0]);
-          a[3] = dequant_bf16x2(a[3], vds[(GD + g) * NF + fc1], vdz[(GD + g) * NF + fc1]);
-          mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], b0[0], b1[0]);
-        } else {
-          mma_bf16_16816(raw[mt], a[0], a[1], a[2], a[3], b0[NB == 1 ? 0 : g], b1[NB == 1 ? 0 : g]);
-        }
-      }
-      if constexpr (VCH && RAW && G == 32) {
-        if (t % 2 == 1) flush_v_channel(svp + (t / 2) * D);  // two groups per chunk
-      }
-    }
-    if constexpr (VCH && RAW && G >= kChunk) {
-      if ((tok_chunk + kChunk) % G == 0) flush_v_channel(svp);
-    }
-    if constexpr (!VCH && RAW) {
-      if (flush_now) flush_v_token();
-    }
-    __syncwarp();
+  for (int v = 0; v < W / 4; ++v) {
+    const uint4 x = lds128(mine + (v * 128 + lane * 4) * 4);
+    w[4 * v] = x.x, w[4 * v + 1] = x.y, w[4 * v + 2] = x.z, w[4 * v + 3] = x.w;
   }
-  if constexpr (!FOSCAR_BULK) cp_async_wait<0>();
-
-  // ---- the BF16 tail of incomplete channel-wise groups: split 0, last warp.
-  if constexpr (HAS_TAIL) {
-    if (split == 0 && warp == NW - 1 && tail_len > 0) {
-      const size_t tbase = ((size_t)b * p.num_kv_heads + h) * G * D;
-      for (int c0 = 0; c0 < tail_len; c0 += kChunk) {
+  // Centring: subtract 128 + f mid from both halves (exact: 128 + f mid is an integer below 256
+  // for the even factors f the V schedule reads at, and f (c - mid) is a bf16 value).
+  constexpr float mid = ((1 << BITS) - 1) * 0.5f;
+  const uint32_t c2 = CENTRE ? pack_bf16x2(kVBias + 2 * mid, kVBias + 2 * mid) : 0u;
+  const uint32_t c8 = CENTRE ? pack_bf16x2(kVBias + 8 * mid, kVBias + 8 * mid) : 0u;
+  const uint32_t c32 = CENTRE ? pack_bf16x2(kVBias + 32 * mid, kVBias + 32 * mid) : 0u;
+  auto centre = [&](uint32_t x, float f) -> uint32_t {
+    if constexpr (!CENTRE) return x;
+    return sub_bf16x2(x, f == 2.f ? c2 : (f == 8.f ? c8 : c32));
+  };
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
-          const int row0 = c0 + 16 * t + r, row1 = row0 + 8;
-#pragma unroll
-          for (int kt = 0; kt < T::kNKT; ++kt) {
-            const int ch = 16 * kt + 2 * t4;
-            auto ld = [&](int row, int c) -> uint32_t {
-              return row < tail_len ? *reinterpret_cast<const uint32_t*>(p.k_tail + tbase + (size_t)row * D + c) : 0u;
-            };
-            mma_bf16_16816(acc, ld(row0, ch), ld(row1, ch), ld(row0, ch + 8), ld(row1, ch + 8), q_pair(2 * kt),
-                           q_pair(2 * kt + 1));
-          }
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = c0 + 16 * t + r + 8 * (e >> 1);
-            s[t][e] = row < tail_len ? acc[e] : kNegInf;
-          }
-          ts[t] = scale;
-        }
-        softmax_update();
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          float pr[4];
-          probabilities(t, pr);
-          const uint32_t b0 = movmatrix_trans(pack_bf16x2(pr[0], pr[1]));
-          const uint32_t b1 = movmatrix_trans(pack_bf16x2(pr[2], pr[3]));
-          const int tk = c0 + 16 * t + 2 * t4;
-#pragma unroll 2  // a cold path (one warp, < G tokens): o may live in local memory here
-          for (int mt = 0; mt < NMT; ++mt) {
-            // The folds' epilogues have run, so o is plain attention output here.
-            auto ld = [&](int tok, int c) -> uint32_t {
-              const __nv_bfloat16 zero = __float2bfloat16(0.f);
-              __nv_bfloat162 v2;
-              v2.x = tok < tail_len ? p.v_tail[tbase + (size_t)tok * D + c] : zero;
-              v2.y = tok + 1 < tail_len ? p.v_tail[tbase + (size_t)(tok + 1) * D + c] : zero;
-              return *reinterpret_cast<uint32_t*>(&v2);
-            };
-            const int ch = 16 * mt + r;
-            mma_bf16_16816(o[mt], ld(tk, ch), ld(tk, ch + 8), ld(tk + 8, ch), ld(tk + 8, ch + 8), b0, b1);
-          }
-        }
-      }
+  for (int kt = 0; kt < 4; ++kt) {
+    if constexpr (BITS == 4) {
+      // word 2kt + o, position = block (2i + row half), all at f = 2.
+      const uint32_t w0 = w[2 * kt], w1 = w[2 * kt + 1];
+      a[kt][0][0] = centre(inject_v<4, 0>(w0), 2.f), a[kt][0][1] = centre(inject_v<4, 1>(w0), 2.f);
+      a[kt][0][2] = centre(inject_v<4, 0>(w1), 2.f), a[kt][0][3] = centre(inject_v<4, 1>(w1), 2.f);
+      a[kt][1][0] = centre(inject_v<4, 2>(w0), 2.f), a[kt][1][1] = centre(inject_v<4, 3>(w0), 2.f);
+      a[kt][1][2] = centre(inject_v<4, 2>(w1), 2.f), a[kt][1][3] = centre(inject_v<4, 3>(w1), 2.f);
+    } else {
+      // word kt; block b at token offset o sits at v2_position(b, o); blocks 0-3 have f 2, 8, 8, 32.
+      const uint32_t x = w[kt];
+      a[kt][0][0] = centre(inject_v<2, v2_position(0, 0)>(x), 2.f);
+      a[kt][0][1] = centre(inject_v<2, v2_position(1, 0)>(x), 8.f);
+      a[kt][0][2] = centre(inject_v<2, v2_position(0, 1)>(x), 2.f);
+      a[kt][0][3] = centre(inject_v<2, v2_position(1, 1)>(x), 8.f);
+      a[kt][1][0] = centre(inject_v<2, v2_position(2, 0)>(x), 8.f);
+      a[kt][1][1] = centre(inject_v<2, v2_position(3, 0)>(x), 32.f);
+      a[kt][1][2] = centre(inject_v<2, v2_position(2, 1)>(x), 8.f);
+      a[kt][1][3] = centre(inject_v<2, v2_position(3, 1)>(x), 32.f);
     }
   }
+}
+// Radix factor of the channel block (tile i, row half hf) of a V operand.
+template <int BITS>
+__device__ __forceinline__ constexpr float v_block_radix(int i, int hf) {
+  return BITS == 4 ? 2.f : (i == 0 ? (hf == 0 ? 2.f : 8.f) : (hf == 0 ? 8.f : 32.f));
+}
 
-  // ---- combine the warps of this CTA through shared memory.
-  const float l0 = warp_sum_rows(l_part[0]), l1 = warp_sum_rows(l_part[1]);
-  __syncthreads();  // every warp is done with its staging buffers
-  float* so = reinterpret_cast<float*>(smem);           // [NW][8 heads][D]
-  float* sml = so + NW * 8 * D;                         // [NW][8 heads][2]
+template <class T>
+struct VFoldToken {
+  // Token-wise V, operand fold: P~ = p s_{t,gv} per channel group, A = f (c - mid); the
+  // accumulator holds sum p~ f (c - mid) and the offsets sum p~ (z / s + mid) are summed
+  // apart per (group, head) and added to every channel of the group at the end.
+  static constexpr int kGroups = T::kGroupsD;  // B tiles per k-step
+  float raw[2][4];                  // in-flight accumulators of the open window
+  float out[2][4];                  // folded output (raw / f, summed over windows)
+  float off[kGroups][2];            // this thread's partial offsets per (group, head)
+  int window = 0;                   // chunks accumulated into raw
+  bool pending = false;             // raw holds a closed window not yet folded
+
+  __device__ __forceinline__ void reset() {
 #pragma unroll
-  for (int mt = 0; mt < NMT; ++mt)
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[i][e] = 0.f, raw[i][e] = 0.f;
+#pragma unroll
+    for (int gv = 0; gv < kGroups; ++gv) off[gv][0] = off[gv][1] = 0.f;
+    window = 0, pending = false;
+  }
+  __device__ __forceinline__ int my_group(const Lane& L) const { return (32 * L.warp) / T::G; }
+  __device__ __forceinline__ void operands(const uint8_t* block, const Lane& L, uint32_t (&a)[4][2][4]) const {
+    v_operands<T::BITS, true>(block, L.warp, L.lane, a);
+  }
+  // P~ for this thread's (token, head) probabilities; `par` = the chunk's V params.
+  __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, const uint8_t* par, bool, const float (&pr)[4]) {
+    constexpr float mid = ((1 << T::BITS) - 1) * 0.5f;
+#pragma unroll
+    for (int gv = 0; gv < kGroups; ++gv)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[L.token(e) * T::kGroupsD + gv]);
+        const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;  // codes of a constant group are 0
+        const uint16_t pb = bf16_bits(pr[e] * sc);
+        *reinterpret_cast<uint16_t*>(s.p_tile[gv][L.warp] + b_tile_offset(L.g + 8 * (e >> 1), 2 * L.t + (e & 1))) = pb;
+        const float pt = unpack_bf16x2(pb).x;
+        off[gv][e & 1] = fmaf(pt, sz.y / sc + mid, off[gv][e & 1]);
+      }
+  }
+  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane& L, const uint32_t (&a)[4][2][4]) {
+#pragma unroll
+    for (int gv = 0; gv < kGroups; ++gv) {
+      const bool mine = kGroups == 1 || my_group(L) == gv;
+      const uint32_t base = smem_u32(s.p_tile[gv][0]);
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          wgmma_m64n8k16<false>(raw[i], mine ? a[kt][i][0] : 0u, mine ? a[kt][i][1] : 0u, mine ? a[kt][i][2] : 0u,
+                                mine ? a[kt][i][3] : 0u, b_tile_desc(base + kt * kBTileBytes),
+                                window > 0 || kt > 0 || gv > 0);
+    }
+    if (++window == kFlushChunks) pending = true;
+  }
+  // After the chunk's PV has completed: fold a closed window.
+  __device__ __forceinline__ void after_pv(bool item_end) {
+    if (!(pending || (item_end && window > 0))) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[i][e] += raw[i][e] * (1.f / v_block_radix<T::BITS>(i, e >> 1));
+    window = 0, pending = false;
+  }
+  __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[i][e] *= alpha[e & 1], raw[i][e] *= alpha[e & 1];
+#pragma unroll
+    for (int gv = 0; gv < kGroups; ++gv) off[gv][0] *= alpha[0], off[gv][1] *= alpha[1];
+  }
+  // The offsets, summed over the warpgroup, added to every channel of their group (item end).
+  __device__ __forceinline__ void finish(SharedStorage<T>& s, const Lane& L) {
+#pragma unroll
+    for (int gv = 0; gv < kGroups; ++gv)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float v = sum_rows(off[gv][hh]);
+        if (L.g == 0) s.red[L.warp][2 * L.t + hh][3 + gv] = v;
+      }
+    named_barrier(kConsumerBarrier, kConsumerThreads);
+    const int gv = kGroups == 1 ? 0 : my_group(L);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float total = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) total += s.red[w][2 * L.t + hh][3 + gv];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) out[i][hh] += total, out[i][hh + 2] += total;
+    }
+  }
+};
+
+template <class T>
+struct VFoldChannel {
+  // Channel-wise V, accumulator fold per token group T: A = f (c - mid), B = p (bf16); at the
+  // group's end  out += s_{T,c} / f_c * acc + (z_{T,c} + s_{T,c} mid) * sum_T p,  the p-sum over the
+  // whole warpgroup. A chunk holding two groups (G = 32) runs its PV in two halves.
+  static constexpr int kHalves = T::kGroupsT;  // token groups per chunk (2 when G = 32)
+  float raw[2][4];
+  float out[2][4];
+  float psum[2];            // this thread's partial p-sum of the open group
+  float gsum[kHalves][2];   // the warpgroup's p-sums of the groups closed in this chunk
+  float sz[kHalves][2][2][2];  // [group][tile][row half] (s, z) of this thread's channels
+  bool open = false, closes = false;
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[i][e] = 0.f, raw[i][e] = 0.f;
+    psum[0] = psum[1] = 0.f;
+    open = false, closes = false;
+  }
+  __device__ __forceinline__ void operands(const uint8_t* block, const Lane& L, uint32_t (&a)[4][2][4]) const {
+    v_operands<T::BITS, true>(block, L.warp, L.lane, a);
+  }
+  // Keeps the group rows' (s, z) of this thread's four channels (the stage is released early).
+  __device__ __forceinline__ void load_params(const Lane& L, const uint8_t* par) {
+#pragma unroll
+    for (int gq = 0; gq < kHalves; ++gq)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float2 v = __half22float2(reinterpret_cast<const __half2*>(par)[gq * kD + L.channel(i, 2 * hf)]);
+          sz[gq][i][hf][0] = v.x, sz[gq][i][hf][1] = v.y;
+        }
+  }
+  // bf16 p as the B operand; at a group's end the p-sums are exchanged through s.red.
+  __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, const uint8_t*, bool group_ends,
+                                          const float (&pr)[4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int c = 16 * mt + r + 8 * (e >> 1), hd = 2 * t4 + (e & 1);
-      so[(warp * 8 + hd) * D + c] = o[mt][e];
+      const uint16_t pb = bf16_bits(pr[e]);
+      *reinterpret_cast<uint16_t*>(s.p_tile[0][L.warp] + b_tile_offset(L.g + 8 * (e >> 1), 2 * L.t + (e & 1))) = pb;
+      psum[e & 1] += unpack_bf16x2(pb).x;
     }
-  if (r == 0) {
-    sml[(warp * 8 + 2 * t4) * 2] = m_run[0];
-    sml[(warp * 8 + 2 * t4) * 2 + 1] = l0;
-    sml[(warp * 8 + 2 * t4 + 1) * 2] = m_run[1];
-    sml[(warp * 8 + 2 * t4 + 1) * 2 + 1] = l1;
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < ratio * D; idx += NW * 32) {
-    const int hd = idx / D, c = idx % D;
-    float mx = kNegInf;
+    closes = group_ends;
+    if (group_ends) {
 #pragma unroll
-    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sml[(w * 8 + hd) * 2]);
-    float acc = 0.f, l = 0.f;
-    if (mx != kNegInf) {
-#pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        const float wgt = exp2f(sml[(w * 8 + hd) * 2] - mx);
-        acc += wgt * so[(w * 8 + hd) * D + c];
-        l += wgt * sml[(w * 8 + hd) * 2 + 1];
-      }
-    }
-    const int hq = h * ratio + hd;
-    if (p.num_splits == 1) {
-      p.o[((size_t)b * p.num_q_heads + hq) * D + c] = __float2bfloat16(acc / l);
-    } else {
-      const size_t row = ((size_t)b * p.num_q_heads + hq) * p.num_splits + split;
-      p.ws_o[row * D + c] = acc;
-      if (c == 0) {
-        p.ws_ml[row * 2] = mx;
-        p.ws_ml[row * 2 + 1] = l;
+      for (int hh = 0; hh < 2; ++hh) {
+        const float v = sum_rows(psum[hh]);
+        if (L.g == 0) s.red[L.warp][2 * L.t + hh][1] = v;
+        psum[hh] = 0.f;
       }
     }
   }
-  if (p.num_splits == 1) return;
+  // After the publishing barrier: the closed groups' p-sums (warps 0-3, or 0-1 and 2-3 at G = 32).
+  __device__ __forceinline__ void collect(SharedStorage<T>& s, const Lane& L) {
+    if (!closes) return;
+#pragma unroll
+    for (int gq = 0; gq < kHalves; ++gq)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float total = 0.f;
+#pragma unroll
+        for (int w = gq * 4 / kHalves; w < (gq + 1) * 4 / kHalves; ++w) total += s.red[w][2 * L.t + hh][1];
+        gsum[gq][hh] = total;
+      }
+  }
+  __device__ __forceinline__ void fold(int gq) {
+    constexpr float mid = ((1 << T::BITS) - 1) * 0.5f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float s_c = sz[gq][i][e >> 1][0], z_c = sz[gq][i][e >> 1][1];
+        out[i][e] = fmaf(s_c / v_block_radix<T::BITS>(i, e >> 1), raw[i][e], fmaf(z_c + s_c * mid, gsum[gq][e & 1], out[i][e]));
+      }
+  }
+  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[4][2][4]) {
+    const uint32_t base = smem_u32(s.p_tile[0][0]);
+    if constexpr (kHalves == 1) {
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          wgmma_m64n8k16<false>(raw[i], a[kt][i][0], a[kt][i][1], a[kt][i][2], a[kt][i][3],
+                                b_tile_desc(base + kt * kBTileBytes), open || kt > 0);
+      open = true;
+    } else {  // G = 32: tokens 0-31 close group 0, fold, then tokens 32-63 for group 1
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (half == 1) {
+          wgmma_commit();
+          wgmma_wait<0>();
+          fold(0);
+          wgmma_fence();
+        }
+#pragma unroll
+        for (int kt = 2 * half; kt < 2 * half + 2; ++kt)
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            wgmma_m64n8k16<false>(raw[i], a[kt][i][0], a[kt][i][1], a[kt][i][2], a[kt][i][3],
+                                  b_tile_desc(base + kt * kBTileBytes), kt > 2 * half);
+      }
+      open = true;
+    }
+  }
+  // After the chunk's PV has completed: fold the group it closed.
+  __device__ __forceinline__ void after_pv(bool) {
+    if (closes && open) {
+      fold(kHalves - 1);
+      open = false;
+    }
+    closes = false;
+  }
+  __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[i][e] *= alpha[e & 1], raw[i][e] *= alpha[e & 1];
+    psum[0] *= alpha[0], psum[1] *= alpha[1];
+  }
+  __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
+};
 
-  // ---- split-KV: the last split of this (sequence, KV head) to finish merges them all,
-  // out = sum_s w_s o_s / sum_s w_s l_s with w_s = 2^(m_s - M), in the same launch. Each CTA
-  // makes its partials visible before it counts itself; the one that counts last reads them.
-  int* last = reinterpret_cast<int*>(sml + NW * 8 * 2);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* count = p.ws_count + (size_t)b * p.num_kv_heads + h;
-    const int done = atomicAdd(count, 1);
-    *last = done == p.num_splits - 1;
-    if (*last) *count = 0;  // every split has counted: ready for the next launch
+template <class T>
+struct VDequant {
+  // The ablation, token-wise V: every element becomes s_t c + z_t (fp32, rounded once to bf16)
+  // before the MMA; B = p (bf16).
+  float raw[2][4];
+  float out[2][4];
+  float tsz[4][2][2][2];  // [k-step][token offset][pair element][s, z] of this thread's A columns
+  int window = 0;
+  bool pending = false;
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[i][e] = 0.f, raw[i][e] = 0.f;
+    window = 0, pending = false;
   }
-  __syncthreads();
-  if (!*last) return;
+  __device__ __forceinline__ void operands(const uint8_t* block, const Lane& L, uint32_t (&a)[4][2][4]) const {
+    v_operands<T::BITS, false>(block, L.warp, L.lane, a);
+    const int gv = (32 * L.warp) / T::G;
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float f = v_block_radix<T::BITS>(i, r & 1);
+          const int o = r >> 1;
+          const float2 v = unpack_bf16x2(a[kt][i][r]);
+          const float s0 = tsz[kt][o][0][0] / f, s1 = tsz[kt][o][1][0] / f;
+          a[kt][i][r] = pack_bf16x2(fmaf(v.x, s0, tsz[kt][o][0][1] - kVBias * s0), fmaf(v.y, s1, tsz[kt][o][1][1] - kVBias * s1));
+        }
+    (void)gv;
+  }
+  // The (s, z) of the tokens this thread's A columns hold (before operands()).
+  __device__ __forceinline__ void load_params(const Lane& L, const uint8_t* par) {
+    const int gv = (32 * L.warp) / T::G;
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+      for (int o = 0; o < 2; ++o)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int tok = 16 * kt + 2 * L.t + 8 * o + j;
+          const float2 v = __half22float2(reinterpret_cast<const __half2*>(par)[tok * T::kGroupsD + gv]);
+          tsz[kt][o][j][0] = v.x, tsz[kt][o][j][1] = v.y;
+        }
+  }
+  __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, const uint8_t*, bool, const float (&pr)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      *reinterpret_cast<uint16_t*>(s.p_tile[0][L.warp] + b_tile_offset(L.g + 8 * (e >> 1), 2 * L.t + (e & 1))) =
+          bf16_bits(pr[e]);
+  }
+  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[4][2][4]) {
+    const uint32_t base = smem_u32(s.p_tile[0][0]);
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        wgmma_m64n8k16<false>(raw[i], a[kt][i][0], a[kt][i][1], a[kt][i][2], a[kt][i][3],
+                              b_tile_desc(base + kt * kBTileBytes), window > 0 || kt > 0);
+    if (++window == kFlushChunks) pending = true;
+  }
+  __device__ __forceinline__ void after_pv(bool item_end) {
+    if (!(pending || (item_end && window > 0))) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[i][e] += raw[i][e];
+    window = 0, pending = false;
+  }
+  __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[i][e] *= alpha[e & 1], raw[i][e] *= alpha[e & 1];
+  }
+  __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
+};
+
+// ---------------------------------------------------------------------------------------
+// The online softmax of one warpgroup: a running reference maximum per head, shared by the
+// warpgroup, which a chunk's scores may exceed by kLazyMax before the state is rescaled.
+struct OnlineSoftmax {
+  float m[2] = {kNegInf, kNegInf};  // heads 2t, 2t+1, log2 domain
+  float l[2] = {0.f, 0.f};          // this thread's partial denominators
+
+  // Phase A: does any score of the warpgroup exceed the reference by more than kLazyMax? If so,
+  // exchange the chunk's maxima and return the rescale factors (else alpha = 1).
+  template <class T>
+  __device__ __forceinline__ bool update(SharedStorage<T>& s, const Lane& L, const float (&x)[4], float (&alpha)[2]) {
+    const bool over = x[0] > m[0] + kLazyMax || x[2] > m[0] + kLazyMax || x[1] > m[1] + kLazyMax ||
+                      x[3] > m[1] + kLazyMax;
+    alpha[0] = alpha[1] = 1.f;
+    if (!named_barrier_any(kConsumerBarrier, kConsumerThreads, over)) return false;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float v = max_rows(fmaxf(x[hh], x[hh + 2]));
+      if (L.g == 0) s.red[L.warp][2 * L.t + hh][0] = v;
+    }
+    named_barrier(kConsumerBarrier, kConsumerThreads);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = m[hh];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) mx = fmaxf(mx, s.red[w][2 * L.t + hh][0]);
+      alpha[hh] = mx == kNegInf ? 1.f : exp2f(m[hh] - mx);  // 0 on the first chunk
+      m[hh] = mx;
+      l[hh] *= alpha[hh];
+    }
+    return true;
+  }
+  // Phase B: probabilities against the reference; the denominator takes the unrounded p.
+  __device__ __forceinline__ void probabilities(const float (&x)[4], float (&pr)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      pr[e] = exp2f(x[e] - m[e & 1]);
+      l[e & 1] += pr[e];
+    }
+  }
+};
+
+template <class T, class VSide>
+__device__ __noinline__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                                          OnlineSoftmax& sm, VSide& vs);
+template <class T, class VSide>
+__device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                            const OnlineSoftmax& sm, VSide& vs);
+
+// ---------------------------------------------------------------------------------------
+// The consumer warpgroup: the items of this CTA, chunk by chunk.
+template <class T, class KSide, class VSide>
+__device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
+  const Lane L(threadIdx.x - 128);
+  int it = 0;
+  for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
+    const WorkItem w = work_item<T>(p, item);
+    KSide ks;
+    VSide vs;
+    OnlineSoftmax sm;
+    vs.reset();
+    // The query heads of this KV head: fp32 in shared memory, zero rows past the ratio.
+    {
+      const QSlice qs(L.tid);
+      float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (qs.n < p.ratio) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(p.q + ((size_t)w.b * p.num_q_heads + w.h * p.ratio + qs.n) * kD + qs.d0);
+        const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = unpack_bf16x2(u[j]);
+          x[2 * j] = f.x, x[2 * j + 1] = f.y;
+        }
+        if constexpr (T::kHasTail) {  // bf16 q for the tail's products (exact: q is bf16)
+          *reinterpret_cast<uint4*>(s.qt_tile[0] + qs.tile_offset()) = raw;
+        }
+      } else if constexpr (T::kHasTail) {
+        *reinterpret_cast<uint4*>(s.qt_tile[0] + qs.tile_offset()) = make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s.q32[qs.n][qs.d0 + j] = x[j];
+      __syncwarp();
+      ks.setup(p, s, L);
+      fence_proxy_async_smem();
+      named_barrier(kConsumerBarrier, kConsumerThreads);
+      ks.load_constants(s, L);
+    }
+
+    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ++it) {
+      const int stage = it % T::kStages;
+      mbar_wait(&s.full[stage], (it / T::kStages) & 1);
+      const uint8_t* st = s.ring[stage];
+      const uint8_t* k_par = st + 2 * T::kCodeBytes;
+      const uint8_t* v_par = k_par + T::kKParamBytes;
+      const int tok0 = c * kChunk;
+      const bool last = c == w.chunk_end - 1;
+      ks.begin_chunk(p, s, L, k_par, c == w.chunk_begin || tok0 % T::G == 0);
+
+      // S = K Q^T: operands from warp w's 16-token tile, then the chunk's wgmmas.
+      uint32_t a[8][4];
+      k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
+      if constexpr (T::DEQ) ks.dequantize(L, k_par, a);
+      wgmma_fence();
+      ks.issue(s, L, a);
+      wgmma_commit();
+
+      // O^T = V^T P^T operands, once the previous chunk's PV has released them (and P).
+      wgmma_wait<1>();
+      vs.after_pv(false);
+      uint32_t av[4][2][4];
+      if constexpr (T::DEQ || T::VCH) vs.load_params(L, v_par);
+      vs.operands(st + T::kCodeBytes, L, av);
+      // The scores need this chunk's K params, P~ its V params: keep the stage until then.
+      wgmma_wait<0>();
+      float x[4];
+      ks.scores(s, L, k_par, x);
+      if (tok0 + kChunk > w.packed_len) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (tok0 + L.token(e) >= w.packed_len) x[e] = kNegInf;
+      }
+      float alpha[2];
+      if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
+      float pr[4];
+      sm.probabilities(x, pr);
+      const bool group_ends = last || (tok0 + kChunk) % T::G == 0;
+      vs.publish(s, L, v_par, group_ends, pr);
+      // The stage is read out: the producer may refill it.
+      __syncwarp();
+      if (L.lane == 0) mbar_arrive(&s.empty[stage]);
+      fence_proxy_async_smem();
+      named_barrier(kConsumerBarrier, kConsumerThreads);
+      if constexpr (T::VCH && !T::DEQ) vs.collect(s, L);
+      wgmma_fence();
+      vs.issue(s, L, av);
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+    vs.after_pv(true);
+
+    if constexpr (T::kHasTail) {
+      if (w.split == 0 && w.tail_len > 0) consume_tail<T>(p, s, L, w, sm, vs);
+    }
+    finish_item<T>(p, s, L, w, sm, vs);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The BF16 tail of channel-wise caches (< G newest tokens), attended by split 0 in up to two
+// 64-token pieces: bf16 operands loaded straight from global memory, the same softmax.
+template <class T, class VSide>
+__device__ __noinline__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                                          OnlineSoftmax& sm, VSide& vs) {
+  const size_t base = ((size_t)w.b * p.num_kv_heads + w.h) * T::G * kD;
+  const __nv_bfloat16* kt_rows = p.k_tail + base;
+  const __nv_bfloat16* vt_rows = p.v_tail + base;
+  auto k_pair = [&](int tok, int c) -> uint32_t {
+    return tok < w.tail_len ? *reinterpret_cast<const uint32_t*>(kt_rows + (size_t)tok * kD + c) : 0u;
+  };
+  auto v_pair = [&](int tok, int c) -> uint32_t {  // channel c of tokens tok, tok + 1
+    const uint32_t lo = tok < w.tail_len ? *reinterpret_cast<const uint16_t*>(vt_rows + (size_t)tok * kD + c) : 0u;
+    const uint32_t hi = tok + 1 < w.tail_len ? *reinterpret_cast<const uint16_t*>(vt_rows + (size_t)(tok + 1) * kD + c) : 0u;
+    return lo | (hi << 16);
+  };
+  const uint32_t qbase = smem_u32(s.qt_tile[0]);
+  const uint32_t pbase = smem_u32(s.p_tile[0][0]);
+  for (int t0 = 0; t0 < w.tail_len; t0 += kChunk) {
+    float acc[4];
+    {
+      uint32_t a[8][4];
+      const int r0 = t0 + 16 * L.warp + L.g;
+#pragma unroll
+      for (int kt = 0; kt < 8; ++kt) {
+        const int c = 16 * kt + 2 * L.t;
+        a[kt][0] = k_pair(r0, c), a[kt][1] = k_pair(r0 + 8, c), a[kt][2] = k_pair(r0, c + 8), a[kt][3] = k_pair(r0 + 8, c + 8);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kt = 0; kt < 8; ++kt)
+        wgmma_m64n8k16<false>(acc, a[kt][0], a[kt][1], a[kt][2], a[kt][3], b_tile_desc(qbase + kt * kBTileBytes), kt > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+    }
+    float x[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = t0 + L.token(e) < w.tail_len ? acc[e] * p.sm_scale_log2 : kNegInf;
+    float alpha[2];
+    if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
+    float pr[4];
+    sm.probabilities(x, pr);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      *reinterpret_cast<uint16_t*>(s.p_tile[0][L.warp] + b_tile_offset(L.g + 8 * (e >> 1), 2 * L.t + (e & 1))) =
+          bf16_bits(pr[e]);
+    fence_proxy_async_smem();
+    named_barrier(kConsumerBarrier, kConsumerThreads);
+    float raw[2][4];
+    uint32_t av[4][2][4];
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int tk = t0 + 16 * kt + 2 * L.t, ch = L.channel(i, 0);
+        av[kt][i][0] = v_pair(tk, ch), av[kt][i][1] = v_pair(tk, ch + 8);
+        av[kt][i][2] = v_pair(tk + 8, ch), av[kt][i][3] = v_pair(tk + 8, ch + 8);
+      }
+    wgmma_fence();
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        wgmma_m64n8k16<false>(raw[i], av[kt][i][0], av[kt][i][1], av[kt][i][2], av[kt][i][3],
+                              b_tile_desc(pbase + kt * kBTileBytes), kt > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) vs.out[i][e] += raw[i][e];
+    named_barrier(kConsumerBarrier, kConsumerThreads);  // P is read out before the next piece
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The end of an item: the warpgroup's denominators, then the output or this split's partials;
+// the last split of a (sequence, KV head) to finish merges all of them in the same launch.
+template <class T, class VSide>
+__device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                            const OnlineSoftmax& sm, VSide& vs) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const float v = sum_rows(sm.l[hh]);
+    if (L.g == 0) s.red[L.warp][2 * L.t + hh][2] = v;
+  }
+  vs.finish(s, L);  // includes a barrier when it exchanges; the next one covers the rest
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  float l[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    l[hh] = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < 4; ++ww) l[hh] += s.red[ww][2 * L.t + hh][2];
+  }
+  const int hq0 = w.h * p.ratio;
+  if (p.num_splits == 1) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int hd = 2 * L.t + (e & 1);
+      if (hd >= p.ratio) continue;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + L.channel(i, e)] = __float2bfloat16(vs.out[i][e] / l[e & 1]);
+    }
+    named_barrier(kConsumerBarrier, kConsumerThreads);  // s.red is read out before the next item
+    return;
+  }
+  // Partials of this split: o (unnormalised, against this split's reference max), m and l.
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int hd = 2 * L.t + (e & 1);
+    if (hd >= p.ratio) continue;
+    const size_t row = ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits + w.split;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) p.ws_o[row * kD + L.channel(i, e)] = vs.out[i][e];
+    if (L.warp == 0 && L.g == 0 && e < 2) {
+      p.ws_ml[row * 2] = sm.m[e & 1];
+      p.ws_ml[row * 2 + 1] = l[e & 1];
+    }
+  }
   __threadfence();
-  for (int idx = threadIdx.x; idx < ratio * D; idx += NW * 32) {
-    const int hd = idx / D, c = idx % D;
-    const size_t row0 = ((size_t)b * p.num_q_heads + h * ratio + hd) * p.num_splits;
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  if (L.tid == 0) {
+    int* count = p.ws_count + (size_t)w.b * p.num_kv_heads + w.h;
+    const int done = atomicAdd(count, 1);
+    s.last_split = done == p.num_splits - 1;
+    if (s.last_split) *count = 0;  // every split has counted: ready for the next launch
+  }
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  if (!s.last_split) return;
+  __threadfence();
+  for (int idx = L.tid; idx < p.ratio * kD; idx += kConsumerThreads) {
+    const int hd = idx / kD, c = idx % kD;
+    const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits;
     float mx = kNegInf;
     for (int sp = 0; sp < p.num_splits; ++sp) mx = fmaxf(mx, __ldcg(p.ws_ml + (row0 + sp) * 2));
-    float acc = 0.f, l = 0.f;
+    float acc = 0.f, den = 0.f;
     for (int sp = 0; sp < p.num_splits; ++sp) {
       const float m = __ldcg(p.ws_ml + (row0 + sp) * 2);
       if (m == kNegInf) continue;  // a split with no tokens of this sequence
       const float wgt = exp2f(m - mx);
-      acc += wgt * __ldcg(p.ws_o + (row0 + sp) * D + c);
-      l += wgt * __ldcg(p.ws_ml + (row0 + sp) * 2 + 1);
+      acc += wgt * __ldcg(p.ws_o + (row0 + sp) * kD + c);
+      den += wgt * __ldcg(p.ws_ml + (row0 + sp) * 2 + 1);
     }
-    p.o[((size_t)b * p.num_q_heads + h * ratio + hd) * D + c] = __float2bfloat16(acc / l);
+    p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc / den);
+  }
+  named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
+}
+
+// ---------------------------------------------------------------------------------------
+// Policies per (K mode, V mode, ablation).
+template <class T>
+using KSideOf = typename std::conditional<T::DEQ, KDequant<T>,
+                                          typename std::conditional<T::KCH, KFoldChannel<T>, KFoldToken<T>>::type>::type;
+template <class T>
+using VSideOf = typename std::conditional<T::DEQ, VDequant<T>,
+                                          typename std::conditional<T::VCH, VFoldChannel<T>, VFoldToken<T>>::type>::type;
+
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
+__global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ>::kCtasPerSm)
+    foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
+  using T = DecodeTraits<BITS, G, KCH, VCH, DEQ>;
+  SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(dynamic_smem());
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < T::kStages; ++i) {
+      mbar_init(&s.full[i], 1);   // the producer's arrive (and the copies' bytes)
+      mbar_init(&s.empty[i], 4);  // one arrive per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {  // producer warpgroup: one lane streams, the rest leave
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0) produce<T>(p, s);
+  } else {
+    setmaxnreg_inc<T::kConsumerRegs>();
+    consume<T, KSideOf<T>, VSideOf<T>>(p, s);
   }
 }
 

@@ -3,7 +3,7 @@
 // emulator runs exactly the instances the GPU library builds.
 //
 // A launcher is a type with
-//   template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+//   template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
 //   static int run(const FoscarDecodeArgs&, void* stream);
 #pragma once
 
@@ -21,8 +21,8 @@ inline int check_args(const FoscarDecodeArgs& a) {
     last_error() = "head_dim " + std::to_string(a.head_dim) + " is not built; expected 128";
     return 2;
   }
-  if (a.batch < 1 || a.num_kv_heads < 1 || a.num_splits < 1 || a.units_per_split < 1) {
-    last_error() = "batch, num_kv_heads, num_splits and units_per_split must be >= 1";
+  if (a.batch < 1 || a.num_kv_heads < 1 || a.num_splits < 1 || a.units_per_split < 1 || a.num_ctas < 1) {
+    last_error() = "batch, num_kv_heads, num_splits, units_per_split and num_ctas must be >= 1";
     return 2;
   }
   if (a.num_q_heads % a.num_kv_heads || a.num_q_heads / a.num_kv_heads > 8) {
@@ -44,11 +44,11 @@ inline int check_args(const FoscarDecodeArgs& a) {
 template <class Launch, int BITS, int G, bool KCH, bool VCH>
 int dispatch_modes(const FoscarDecodeArgs& a, void* s) {
   if (a.dequant) {
-    if constexpr (KCH && !VCH) return Launch::template run<BITS, 128, G, KCH, VCH, true>(a, s);
+    if constexpr (KCH && !VCH) return Launch::template run<BITS, G, KCH, VCH, true>(a, s);
     last_error() = "the dequantize-first ablation is built for K channel-wise, V token-wise only";
     return 2;
   }
-  return Launch::template run<BITS, 128, G, KCH, VCH, false>(a, s);
+  return Launch::template run<BITS, G, KCH, VCH, false>(a, s);
 }
 
 template <class Launch, int BITS, int G>

@@ -1,5 +1,5 @@
-// The decode kernels' own source run on the host (foscar_emu.h): one host thread per lane,
-// CTA after CTA. Built by foscar/emu.py with a host C++20 compiler; for tests and debugging
+// The decode kernels' own source run on the host (foscar_emu.h): one host thread per CUDA
+// thread, the persistent CTAs one after another. Built by foscar/emu.py with a host C++20 compiler; for tests and debugging
 // on machines without a GPU, never for speed. Pointers in the arguments are host memory.
 #define FOSCAR_HOST_EMU 1
 
@@ -17,14 +17,14 @@ std::string& last_error() {
 }
 
 struct EmuLaunch {
-  template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
   static int run(const FoscarDecodeArgs& a, void*) {
-    using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
+    using T = DecodeTraits<BITS, G, KCH, VCH, DEQ>;
     const DecodeParams p = make_params(a);
-    const unsigned threads = T::kWarps * 32;
-    // One host thread per lane for the whole grid: the lanes run the CTAs one after another
+    const unsigned threads = T::kThreads;
+    // One host thread per CUDA thread for the whole grid: they run the CTAs one after another
     // and meet at the CTA's barrier between two (shared memory is reused, as on a GPU).
-    foscar_emu::Cta cta(threads, decode_smem_bytes<BITS, D, G, KCH, VCH, DEQ>());
+    foscar_emu::Cta cta(threads, decode_smem_bytes<BITS, G, KCH, VCH, DEQ>());
     std::vector<std::thread> lanes;
     lanes.reserve(threads);
     for (unsigned t = 0; t < threads; ++t) {
@@ -32,14 +32,13 @@ struct EmuLaunch {
         foscar_emu::ThreadCtx& c = foscar_emu::tls();
         c.thread_idx = {t, 0, 0};
         c.block_dim = dim3(threads);
+        c.grid_dim = dim3(a.num_ctas);
         c.cta = &cta;
-        for (int z = 0; z < a.batch; ++z)
-          for (int y = 0; y < a.num_kv_heads; ++y)
-            for (int x = 0; x < a.num_splits; ++x) {
-              c.block_idx = {static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z)};
-              foscar_decode_kernel<BITS, D, G, KCH, VCH, DEQ>(p);
-              cta.bar.arrive_and_wait();
-            }
+        for (int x = 0; x < a.num_ctas; ++x) {
+          c.block_idx = {static_cast<unsigned>(x), 0, 0};
+          foscar_decode_kernel<BITS, G, KCH, VCH, DEQ>(p);
+          cta.bar.arrive_and_wait();
+        }
       });
     }
     for (auto& th : lanes) th.join();
@@ -57,7 +56,7 @@ extern "C" FOSCAR_EXPORT int foscar_emu_decode(const FoscarDecodeArgs* a) {
 
 extern "C" FOSCAR_EXPORT const char* foscar_emu_last_error(void) { return foscar::last_error().c_str(); }
 
-extern "C" FOSCAR_EXPORT int foscar_emu_warps_per_cta(int bits) {
-  return bits == 2 ? foscar::DecodeTraits<2, 128, 128, true, false, false>::kWarps
-                   : foscar::DecodeTraits<4, 128, 128, true, false, false>::kWarps;
+extern "C" FOSCAR_EXPORT int foscar_emu_ctas_per_sm(int bits) {
+  return bits == 2 ? foscar::DecodeTraits<2, 128, true, false, false>::kCtasPerSm
+                   : foscar::DecodeTraits<4, 128, true, false, false>::kCtasPerSm;
 }

@@ -1,13 +1,15 @@
-// A host emulation of the few CUDA features the FOSCAR kernels use, so that the kernels'
-// own source runs on a CPU (foscar/emu.py, tests/foscar/test_kernels_emu.py): every lane of a
-// CTA is a host thread, and each warp-collective operation (shuffle, vote, mma.sync,
-// movmatrix, __syncwarp) is an exchange through the warp's slots between two barriers.
-// Copies into shared memory (cp.async, the bulk copy engine) complete at once, so their
-// waits are no-ops. Numerics: mma.sync multiplies bf16 or fp16 exactly and accumulates in double,
-// rounding to fp32 once per instruction; exp2f and division are the host's, not the GPU's
-// approximations. It checks indexing, folding and control flow, not speed.
+// A host emulation of the CUDA and Hopper features the FOSCAR kernels use, so that the kernels'
+// own source runs on a CPU (foscar/emu.py, tests/foscar/test_kernels_emu.py): every thread of a
+// CTA is a host thread. Warp collectives (shuffles, __syncwarp) and warpgroup MMAs are exchanges
+// through per-warp / per-warpgroup slots between two barriers; mbarriers, named barriers and the
+// bulk copy engine keep their real semantics (phases, arrival counts, transaction bytes), so the
+// producer / consumer handshakes run as on the GPU; a bulk copy lands at once.
+// Numerics: wgmma products and accumulation follow the H200's Tensor Cores bit for bit
+// (foscar/tcmodel.py: every addend cut towards zero at 2^(e_max - 25), e_max the largest of the
+// operands' exponent sums and the accumulator's, the sum cut towards zero to fp32); exp2f and
+// division are the host's, not the GPU's approximations.
 //
-// Included by foscar_common.cuh when FOSCAR_HOST_EMU is defined; compiled by a host C++20
+// Included by foscar_hopper.cuh when FOSCAR_HOST_EMU is defined; compiled by a host C++20
 // compiler with the CUDA headers on the include path (for the bf16 and fp16 types).
 #pragma once
 
@@ -17,9 +19,13 @@
 
 #include <algorithm>
 #include <barrier>
+#include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #ifndef __launch_bounds__
@@ -28,29 +34,61 @@
 #ifndef __grid_constant__
 #define __grid_constant__
 #endif
+#ifndef __noinline__
+#define __noinline__
+#endif
 
 namespace foscar_emu {
 
 struct Warp {
-  explicit Warp() : bar(32) {}
+  Warp() : bar(32) {}
   std::barrier<> bar;
   uint32_t slot[32][8];
 };
 
+struct Warpgroup {
+  Warpgroup() : bar(128) {}
+  std::barrier<> bar;
+  uint32_t a[128][4];
+};
+
+// A named barrier (bar.sync id, count) with the OR-reduction of bar.red.or.
+struct NamedBarrier {
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  long generation = 0;
+  int any = 0;
+  int result[2] = {0, 0};
+};
+
+struct Mbarrier {
+  int expected = 0, pending = 0;
+  long long tx = 0;
+  long long phase = 0;  // phases completed; the one in progress has parity phase & 1
+};
+
 struct Cta {
-  Cta(int threads, size_t smem_bytes) : bar(threads), smem(smem_bytes + 16), warps((threads + 31) / 32) {}
+  Cta(int threads, size_t smem_bytes)
+      : bar(threads), smem(smem_bytes + 128), warps((threads + 31) / 32), warpgroups((threads + 127) / 128) {}
   std::barrier<> bar;
   std::vector<uint8_t> smem;
   std::vector<Warp> warps;
-  uint8_t* smem_base() { return smem.data() + (16 - reinterpret_cast<uintptr_t>(smem.data()) % 16) % 16; }
+  std::vector<Warpgroup> warpgroups;
+  NamedBarrier named[16];
+  std::mutex mbar_mu;
+  std::condition_variable mbar_cv;
+  std::map<uint32_t, Mbarrier> mbars;
+  uint8_t* smem_base() { return smem.data() + (128 - reinterpret_cast<uintptr_t>(smem.data()) % 128) % 128; }
 };
 
 struct ThreadCtx {
   uint3 thread_idx, block_idx;
-  dim3 block_dim;
+  dim3 block_dim, grid_dim;
   Cta* cta;
   int lane() const { return static_cast<int>(thread_idx.x % 32); }
   Warp& warp() const { return cta->warps[thread_idx.x / 32]; }
+  Warpgroup& warpgroup() const { return cta->warpgroups[thread_idx.x / 128]; }
 };
 
 inline ThreadCtx& tls() {
@@ -81,25 +119,69 @@ inline T from_bits(uint32_t u) {
   return v;
 }
 
-inline float bf16_at(uint32_t word, int half) {
+inline double bf16_at(uint32_t word, int half) {
   __nv_bfloat16_raw r;
   r.x = static_cast<uint16_t>(word >> (16 * half));
   return __bfloat162float(__nv_bfloat16(r));
 }
-inline float f16_at(uint32_t word, int half) {
+inline double f16_at(uint32_t word, int half) {
   __half_raw r;
   r.x = static_cast<uint16_t>(word >> (16 * half));
   return __half2float(__half(r));
 }
-inline uint16_t b16_at(uint32_t word, int half) { return static_cast<uint16_t>(word >> (16 * half)); }
+
+// The H200's MMA accumulation of one output (foscar/tcmodel.py, H200_MMA).
+inline float tc_dot(float c, const double (&a)[16], const double (&b)[16]) {
+  int e_max = INT_MIN;
+  if (c != 0.f) e_max = std::ilogb(static_cast<double>(c));
+  for (int k = 0; k < 16; ++k)
+    if (a[k] != 0.0 && b[k] != 0.0) e_max = std::max(e_max, std::ilogb(a[k]) + std::ilogb(b[k]));
+  if (e_max == INT_MIN) return c;
+  const double quantum = std::ldexp(1.0, e_max - 25);
+  double sum = std::trunc(static_cast<double>(c) / quantum);
+  for (int k = 0; k < 16; ++k) sum += std::trunc(a[k] * b[k] / quantum);
+  const double exact = sum * quantum;
+  float f = static_cast<float>(exact);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(exact)) f = std::nextafter(f, 0.0f);
+  return f;
+}
+
+inline uint32_t smem_offset(const void* p) {
+  return static_cast<uint32_t>(static_cast<const uint8_t*>(p) - tls().cta->smem_base());
+}
+
+inline void named_arrive(int id, int count, int pred, int* any_out) {
+  NamedBarrier& nb = tls().cta->named[id];
+  std::unique_lock<std::mutex> lk(nb.mu);
+  const long gen = nb.generation;
+  nb.any |= pred;
+  if (++nb.arrived == count) {
+    nb.result[gen & 1] = nb.any;
+    nb.any = 0;
+    nb.arrived = 0;
+    ++nb.generation;
+    nb.cv.notify_all();
+  } else {
+    nb.cv.wait(lk, [&] { return nb.generation != gen; });
+  }
+  if (any_out) *any_out = nb.result[gen & 1];
+}
+
+inline void mbar_complete_if_done(Mbarrier& m) {
+  if (m.pending == 0 && m.tx == 0) {
+    ++m.phase;
+    m.pending = m.expected;
+    tls().cta->mbar_cv.notify_all();
+  }
+}
 
 }  // namespace foscar_emu
 
 #define threadIdx (::foscar_emu::tls().thread_idx)
 #define blockIdx (::foscar_emu::tls().block_idx)
 #define blockDim (::foscar_emu::tls().block_dim)
+#define gridDim (::foscar_emu::tls().grid_dim)
 
-inline float __fdividef(float a, float b) { return a / b; }
 inline int min(int a, int b) { return std::min(a, b); }
 inline int max(int a, int b) { return std::max(a, b); }
 
@@ -125,73 +207,115 @@ template <class T>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   return __shfl_sync(mask, v, ::foscar_emu::tls().lane() ^ lane_mask);
 }
-inline int __any_sync(unsigned, int pred) {
-  const uint32_t w[1] = {pred ? 1u : 0u};
-  ::foscar_emu::publish(w);
-  int any = 0;
-  for (int l = 0; l < 32; ++l) any |= ::foscar_emu::tls().warp().slot[l][0];
-  ::foscar_emu::done_reading();
-  return any;
-}
 
 namespace foscar {
 
 inline uint8_t* dynamic_smem() { return ::foscar_emu::tls().cta->smem_base(); }
-
-// D = A B + C for one m16n8k16 tile, the lanes holding the fragments of PTX's mma.sync
-// layout: A row r = lane / 4 (+8), columns 2 (lane % 4) (+1, +8); B column lane / 4,
-// rows 2 (lane % 4) (+1, +8); C and D like A's first two registers, per 8-column block.
-template <float (*elem)(uint32_t, int)>
-inline void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-  using namespace ::foscar_emu;
-  const uint32_t mine[6] = {a0, a1, a2, a3, b0, b1};
-  publish(mine);
-  const Warp& wp = tls().warp();
-  auto A = [&](int row, int k) { return elem(wp.slot[(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2); };
-  auto B = [&](int k, int n) { return elem(wp.slot[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); };
-  const int lane = tls().lane(), r = lane / 4, t4 = lane % 4;
-  float d[4];
-  for (int e = 0; e < 4; ++e) {
-    const int row = r + 8 * (e / 2), col = 2 * t4 + (e % 2);
-    double acc = c[e];
-    for (int k = 0; k < 16; ++k) acc += static_cast<double>(A(row, k)) * static_cast<double>(B(k, col));
-    d[e] = static_cast<float>(acc);
-  }
-  done_reading();
-  for (int e = 0; e < 4; ++e) c[e] = d[e];
-}
-inline void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                           uint32_t b1) {
-  mma_16816<::foscar_emu::bf16_at>(c, a0, a1, a2, a3, b0, b1);
-}
-inline void mma_f16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                          uint32_t b1) {
-  mma_16816<::foscar_emu::f16_at>(c, a0, a1, a2, a3, b0, b1);
+// Shared "addresses" are offsets from the CTA's shared memory (what a descriptor encodes).
+inline uint32_t smem_u32(const void* p) { return ::foscar_emu::smem_offset(p); }
+inline uint4 lds128(const void* p) {
+  uint4 v;
+  std::memcpy(&v, p, 16);
+  return v;
 }
 
-// movmatrix.m8n8.trans.b16: lane l holds row l / 4, columns 2 (l % 4) and +1 of an 8x8 matrix.
-inline uint32_t movmatrix_trans(uint32_t x) {
-  using namespace ::foscar_emu;
-  const uint32_t mine[1] = {x};
-  publish(mine);
-  const Warp& wp = tls().warp();
-  const int lane = tls().lane(), i = lane / 4, j0 = 2 * (lane % 4);
-  auto at = [&](int row, int col) { return b16_at(wp.slot[row * 4 + col / 2][0], col % 2); };
-  const uint32_t y = static_cast<uint32_t>(at(j0, i)) | (static_cast<uint32_t>(at(j0 + 1, i)) << 16);
-  done_reading();
-  return y;
-}
-
-// Copies into shared memory complete at once; their barriers and fences have nothing to do.
-inline void cp_async_16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }
-inline void cp_async_commit() {}
+// ---- warpgroup MMA: executed when issued, so the waits and fences have nothing to do. (The
+// hardware reads A asynchronously: a kernel must not change A registers before the wait; the
+// emulation cannot see such a bug.)
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
 template <int N>
-inline void cp_async_wait() {}
-inline void mbar_init(uint64_t*, uint32_t) {}
+inline void wgmma_wait() {}
+
+template <bool F16>
+inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b_desc,
+                           bool accumulate) {
+  using namespace ::foscar_emu;
+  Warpgroup& wg = tls().warpgroup();
+  const int me = static_cast<int>(tls().thread_idx.x % 128);
+  wg.a[me][0] = a0, wg.a[me][1] = a1, wg.a[me][2] = a2, wg.a[me][3] = a3;
+  wg.bar.arrive_and_wait();
+  if (((b_desc >> 16) & 0x3FFF) != (kBTileLbo >> 4) || ((b_desc >> 62) & 3) != 0) std::abort();  // the one layout
+  const uint8_t* B = tls().cta->smem_base() + ((b_desc & 0x3FFF) << 4);
+  auto elem = [](uint32_t word, int half) { return F16 ? f16_at(word, half) : bf16_at(word, half); };
+  auto A = [&](int row, int k) {  // the mma A fragment layout, per warp of 16 rows
+    const int owner = (row / 16) * 32 + (row % 8) * 4 + (k % 8) / 2;
+    return elem(wg.a[owner][(row % 16) / 8 + 2 * (k / 8)], k % 2);
+  };
+  auto Bv = [&](int k, int n) {
+    uint16_t u;
+    std::memcpy(&u, B + b_tile_offset(k, n), 2);
+    return elem(u, 0);
+  };
+  const int warp = me / 32, lane = me % 32, g = lane / 4, t = lane % 4;
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = 16 * warp + g + 8 * (e / 2), col = 2 * t + (e % 2);
+    double a[16], b[16];
+    for (int k = 0; k < 16; ++k) a[k] = A(row, k), b[k] = Bv(k, col);
+    out[e] = tc_dot(accumulate ? d[e] : 0.f, a, b);
+  }
+  wg.bar.arrive_and_wait();
+  for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
+// ---- mbarriers and the bulk copy engine
+inline void mbar_init(uint64_t* bar, uint32_t arrivals) {
+  using namespace ::foscar_emu;
+  std::lock_guard<std::mutex> lk(tls().cta->mbar_mu);
+  Mbarrier& m = tls().cta->mbars[smem_offset(bar)];
+  m = Mbarrier{};
+  m.expected = m.pending = static_cast<int>(arrivals);
+}
 inline void mbar_init_fence() {}
-inline void mbar_arrive_expect_tx(uint64_t*, uint32_t) {}
-inline void mbar_wait(uint64_t*, uint32_t) {}
-inline void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t*) { std::memcpy(dst, src, bytes); }
+inline void mbar_arrive(uint64_t* bar) {
+  using namespace ::foscar_emu;
+  std::lock_guard<std::mutex> lk(tls().cta->mbar_mu);
+  Mbarrier& m = tls().cta->mbars.at(smem_offset(bar));
+  --m.pending;
+  mbar_complete_if_done(m);
+}
+inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  using namespace ::foscar_emu;
+  std::lock_guard<std::mutex> lk(tls().cta->mbar_mu);
+  Mbarrier& m = tls().cta->mbars.at(smem_offset(bar));
+  m.tx += bytes;
+  --m.pending;
+  mbar_complete_if_done(m);
+}
+inline bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  using namespace ::foscar_emu;
+  std::lock_guard<std::mutex> lk(tls().cta->mbar_mu);
+  return (tls().cta->mbars.at(smem_offset(bar)).phase & 1) != parity;
+}
+inline void mbar_wait(uint64_t* bar, uint32_t parity) {
+  using namespace ::foscar_emu;
+  Cta& cta = *tls().cta;
+  std::unique_lock<std::mutex> lk(cta.mbar_mu);
+  Mbarrier& m = cta.mbars.at(smem_offset(bar));
+  cta.mbar_cv.wait(lk, [&] { return (m.phase & 1) != parity; });
+}
+inline void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  using namespace ::foscar_emu;
+  if (bytes % 16 || reinterpret_cast<uintptr_t>(src) % 16 || smem_offset(dst) % 16) std::abort();
+  std::memcpy(dst, src, bytes);
+  std::lock_guard<std::mutex> lk(tls().cta->mbar_mu);
+  Mbarrier& m = tls().cta->mbars.at(smem_offset(bar));
+  m.tx -= bytes;
+  mbar_complete_if_done(m);
+}
 inline void fence_proxy_async_smem() {}
+
+// ---- named barriers and register reallocation
+inline void named_barrier(int id, int threads) { ::foscar_emu::named_arrive(id, threads, 0, nullptr); }
+inline bool named_barrier_any(int id, int threads, bool pred) {
+  int any = 0;
+  ::foscar_emu::named_arrive(id, threads, pred ? 1 : 0, &any);
+  return any != 0;
+}
+template <int N>
+inline void setmaxnreg_dec() {}
+template <int N>
+inline void setmaxnreg_inc() {}
 
 }  // namespace foscar

@@ -11,10 +11,10 @@
 namespace foscar {
 
 struct CudaLaunch {
-  template <int BITS, int D, int G, bool KCH, bool VCH, bool DEQ>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
   static int run(const FoscarDecodeArgs& a, void* stream_ptr) {
-    auto kernel = foscar_decode_kernel<BITS, D, G, KCH, VCH, DEQ>;
-    constexpr int smem = decode_smem_bytes<BITS, D, G, KCH, VCH, DEQ>();
+    auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ>;
+    constexpr int smem = decode_smem_bytes<BITS, G, KCH, VCH, DEQ>();
     const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
     // This library links its own CUDA runtime, whose current device is not the caller's:
     // set it from the tensors' device, and raise the shared-memory limit once per device.
@@ -35,7 +35,7 @@ struct CudaLaunch {
       cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device);
       if (smem > limit) {
         last_error() = "this build's kernel needs " + std::to_string(smem) + " bytes of shared memory per block, " +
-                       "the GPU gives " + std::to_string(limit) + "; build with fewer warps or stages";
+                       "the GPU gives " + std::to_string(limit) + "; build with fewer stages";
         return 2;
       }
       e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -47,9 +47,8 @@ struct CudaLaunch {
     }
     (void)cudaGetLastError();  // report only what this launch causes
     const DecodeParams p = make_params(a);
-    using T = DecodeTraits<BITS, D, G, KCH, VCH, DEQ>;
-    dim3 grid(a.num_splits, a.num_kv_heads, a.batch);
-    kernel<<<grid, T::kWarps * 32, smem, stream>>>(p);
+    using T = DecodeTraits<BITS, G, KCH, VCH, DEQ>;
+    kernel<<<a.num_ctas, T::kThreads, smem, stream>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess) {
       last_error() = std::string("kernel launch: ") + cudaGetErrorString(e);

@@ -87,10 +87,6 @@ DRAM_TOLERANCE = 0.05
 WARP = 32
 
 
-class NcuError(RuntimeError):
-    pass
-
-
 # --- finding and running ncu ---------------------------------------------------------------
 
 
@@ -450,13 +446,12 @@ def _own_case(backend_name: str, case: Any) -> tuple[Any, int | None]:
     empty, never guessed."""
     try:
         from baselines.base import get_backend
-        from suite.bytes_model import traffic_for
 
         backend = get_backend(backend_name)
         own = own_case(backend, case) or case
     except Exception:  # noqa: BLE001
         return case, None
     try:
-        return own, model_read_bytes(traffic_for(backend, own))
+        return own, model_read_bytes(backend.traffic(own))
     except Exception:  # noqa: BLE001
         return own, None

@@ -18,18 +18,16 @@ def prepare_thunk(backend_name: str, case_dict: dict[str, Any]) -> tuple[Callabl
     Raises LookupError with a reason when the backend cannot run the case."""
     import torch
 
-    from baselines.base import GpuInfo, Unsupported, get_backend
-    from suite.cases import Case
+    from baselines.base import Unsupported, get_backend
+    from core.case import Case
+    from core.gpu import GpuInfo
     from suite.runner import make_source
 
     backend = get_backend(backend_name)
     case = backend.case_for(Case.from_dict(case_dict))
     if case is None:
         raise LookupError(f"{backend_name} does not run this case (its KV format differs).")
-    props = torch.cuda.get_device_properties(0)
-    gpu = GpuInfo(index=0, name=props.name, capability=(props.major, props.minor),
-                  sm_count=props.multi_processor_count, total_memory_bytes=props.total_memory)
-    reason = backend.supports(case, gpu)
+    reason = backend.supports(case, GpuInfo.from_torch(0))
     if reason:
         raise LookupError(reason)
     try:
@@ -42,7 +40,7 @@ def prepare_thunk(backend_name: str, case_dict: dict[str, Any]) -> tuple[Callabl
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", required=True)
-    ap.add_argument("--case-json", required=True, help="suite.cases.Case fields as JSON")
+    ap.add_argument("--case-json", required=True, help="core.case.Case fields as JSON")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=2)
     ap.add_argument("--nvtx-range", default="foscar_alu")

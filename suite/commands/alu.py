@@ -138,7 +138,9 @@ def register(app: typer.Typer) -> None:
         --batch 128 --kv-len 32768 --run RUN"""
         from rich.console import Console
 
+        from foscar.build import BuildError
         from suite.alu.sass import SassError
+        from suite.commands.common import fail
 
         console = Console(width=max(Console().width, 150))
         if not static and not backend:
@@ -151,6 +153,10 @@ def register(app: typer.Typer) -> None:
             except (SassError, OSError) as exc:
                 console.print(f"[red]static analysis failed:[/red] {exc}")
                 raise typer.Exit(1)
+            except BuildError as exc:
+                lines = str(exc).strip().splitlines() or [type(exc).__name__]
+                more = f" (`foscar-bench build --arch {arch}` shows the whole log)" if len(lines) > 1 else ""
+                fail(f"--arch {arch}: {lines[0]}{more}", 1)
             out["static"] = rows
             console.print(_static_table(rows))
             for r in rows:
@@ -172,7 +178,7 @@ def register(app: typer.Typer) -> None:
 
 
 def make_case(fields: dict) -> Any:
-    from suite.cases import MODELS, Case
+    from core.case import MODELS, Case
 
     if fields["model"] not in MODELS:
         raise typer.BadParameter(f"--model {fields['model']!r}: expected one of {sorted(MODELS)}.")
@@ -218,12 +224,18 @@ def _static_for(backend: Any, case: Any, arch: str, console: Any) -> float | Non
 
 
 def _store(db: Path, run: str, res: dict, console: Any, result_cls: Any) -> None:
-    from suite.store import ResultStore
+    from core.store import ResultStore, StoreError
+    from suite.commands.common import fail
 
     fields = result_cls(**{k: res[k] for k in result_cls.__dataclass_fields__}).store_fields()
     fields["alu_static_per_elem"] = res.get("alu_static_per_elem")
-    with ResultStore(db) as store:
-        changed = store.update_record(run, res["case_key"], res["backend"], **fields)
+    if not db.is_file():
+        fail(f"--db {db} does not exist; sweep run {run} into it first, or pass the --db it went to.")
+    try:
+        with ResultStore(db) as store:
+            changed = store.update_record(run, res["case_key"], res["backend"], **fields)
+    except StoreError as exc:
+        fail(str(exc))
     if not changed:
         console.print(f"  [yellow]run {run} has no record of {res['backend']} on {res['case_key']}; "
                       "sweep it first (figures not stored).[/yellow]")

@@ -24,14 +24,14 @@ def register(app: typer.Typer) -> None:
         from reports.compare import compare as run_compare, render
         from reports.noise import parse_fraction
         from reports.source import SourceError, default_db, open_store
+        from suite.commands.common import fail
 
         try:
             gate = parse_fraction(fail_on_regression)
             min_change = parse_fraction(threshold) or 0.0
             cmp = run_compare(open_store(db or default_db()), base, head, min_change, gate)
         except (SourceError, ValueError) as err:
-            typer.echo(str(err), err=True)
-            raise typer.Exit(2)
+            fail(str(err))
         render(cmp, show_all=show_all)
         if len(cmp.failures):
             raise typer.Exit(1)

@@ -19,12 +19,15 @@ def register(app: typer.Typer) -> None:
         from reports.dashboard import build_dashboard
         from reports.noise import parse_fraction
         from reports.source import SourceError, default_db, open_store
+        from suite.commands.common import fail, output_dir
 
         try:
             min_change = parse_fraction(threshold) or 0.0
             results = open_store(db or default_db())
         except (SourceError, ValueError) as err:
-            typer.echo(str(err), err=True)
-            raise typer.Exit(1)
-        index = build_dashboard(results, out, min_change)
+            fail(str(err), 1)
+        try:
+            index = build_dashboard(results, output_dir("--out", out), min_change)
+        except OSError as exc:
+            fail(f"--out {out}: writing the dashboard failed ({exc.strerror or exc}); pick a writable folder.")
         typer.echo(f"Dashboard of {len(results.runs)} run(s): {index}")

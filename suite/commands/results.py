@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -30,10 +30,19 @@ def _clean(value):
 
 
 def record_dicts(df) -> list[dict]:
-    """Records as plain dicts: core fields first, then the rest, extra_json unpacked."""
+    """Records as plain dicts: core fields first, then the rest, JSON columns and
+    extra_json unpacked."""
+    from core.record import JSON_COLUMNS
+
     rows = []
     for rec in df.to_dict(orient="records"):
         extra = rec.pop("extra_json", None)
+        for k in JSON_COLUMNS:
+            if isinstance(rec.get(k), str):
+                try:
+                    rec[k] = json.loads(rec[k])
+                except ValueError:
+                    pass
         out = {k: _clean(rec.get(k)) for k in CORE_FIELDS}
         for k, v in rec.items():
             if k not in out:
@@ -48,30 +57,28 @@ def record_dicts(df) -> list[dict]:
     return rows
 
 
+def merge(out: Path, inputs: list[Path]) -> None:
+    """`results merge OUT IN...`: join stores into OUT, every run and record once, nothing
+    lost; running it again changes nothing (core.store.merge_stores)."""
+    from core.store import MergeError, StoreError, merge_stores
+
+    try:
+        counts = merge_stores(out, inputs)
+    except (MergeError, StoreError) as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2)
+    typer.echo(f"merged {len(counts.inputs)} store(s) into {out}: {counts.records_added} record(s) added, "
+               f"{counts.records_present} already there; {counts.runs_added} run(s) added, "
+               f"{counts.runs_combined} combined from shards.")
+
+
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(invoke_without_command=True, no_args_is_help=False, add_completion=False)
-    app.add_typer(group, name="results", help="Records of a run as a table, JSON, CSV or Parquet; `results merge` joins stores.")
-
-    @group.command("merge")
-    def merge(
-        out: Path = typer.Argument(..., help="The store to write (created if absent; may be one of the inputs)."),
-        inputs: list[Path] = typer.Argument(..., help="Stores to join into OUT, e.g. one per shard."),
-    ) -> None:
-        """Join stores into OUT: every run and record once, nothing lost; running it again changes nothing."""
-        from suite.store import MergeError, merge_stores
-
-        try:
-            counts = merge_stores(out, inputs)
-        except MergeError as err:
-            typer.echo(str(err), err=True)
-            raise typer.Exit(2)
-        typer.echo(f"merged {len(counts.inputs)} store(s) into {out}: {counts.records_added} record(s) added, "
-                   f"{counts.records_present} already there; {counts.runs_added} run(s) added, "
-                   f"{counts.runs_combined} combined from shards.")
-
-    @group.callback()
+    @app.command("results")
     def results(
-        ctx: typer.Context,
+        action: Optional[List[str]] = typer.Argument(
+            None, metavar="[merge OUT IN...]",
+            help="`merge OUT IN1 IN2 ...` joins stores (one per shard) into OUT: every run and record "
+            "once, nothing lost; running it again changes nothing."),
         run: Optional[str] = typer.Option(None, "--run", help="Run id (default: the latest run)."),
         all_runs: bool = typer.Option(False, "--all", help="Every run in the store."),
         runs: bool = typer.Option(False, "--runs", help="List the runs and exit."),
@@ -82,20 +89,29 @@ def register(app: typer.Typer) -> None:
         backend: Optional[str] = typer.Option(None, "--backend", help="Only these backends (comma list)."),
         db: Path = typer.Option(Path("results/foscar.sqlite"), "--db", help="Results store (SQLite)."),
     ) -> None:
-        """Records of a run: a table by default; --json, --csv, --parquet export every field."""
-        if ctx.invoked_subcommand is not None:
+        """Records of a run: a table by default; --json, --csv, --parquet export every field.
+        `results merge OUT IN...` joins stores."""
+        if action:
+            if action[0] != "merge" or len(action) < 3:
+                typer.echo(f"results takes no {' '.join(action)!r}; the one action is `results merge OUT IN1 [IN2 ...]`.",
+                           err=True)
+                raise typer.Exit(2)
+            merge(Path(action[1]), [Path(a) for a in action[2:]])
             return
         import pandas as pd
         from rich.console import Console
 
-        from suite.store import ResultStore
+        from core.store import ResultStore, StoreError
+        from suite.commands.common import fail, output_file
         from suite.summary import summary_table
 
         console = Console()
-        if not db.exists():
-            console.print(f"[red]{db} does not exist; run `foscar-bench sweep --db {db}` first, or pass --db.")
-            raise typer.Exit(2)
-        store = ResultStore(db)
+        output_file("--csv", csv)
+        output_file("--parquet", parquet)
+        try:
+            store = ResultStore(db, readonly=True)
+        except StoreError as exc:
+            fail(str(exc))
         if runs:
             df = store.runs()
             if as_json:
@@ -107,11 +123,9 @@ def register(app: typer.Typer) -> None:
             return
         run_id = None if all_runs else (run or store.latest_run())
         if not all_runs and run_id is None:
-            console.print(f"[yellow]{db} holds no runs yet.")
-            raise typer.Exit(1)
+            fail(f"{db} holds no runs yet; `foscar-bench sweep --db {db}` adds one.", 1)
         if run_id is not None and not store.has_run(run_id):
-            console.print(f"[red]run {run_id!r} is not in {db}; `foscar-bench results --runs` lists them.")
-            raise typer.Exit(2)
+            fail(f"run {run_id!r} is not in {db}; `foscar-bench results --runs --db {db}` lists them.")
         df = store.records(run_id)
         if status:
             df = df[df["status"].isin([s.strip() for s in status.split(",")])]
@@ -123,16 +137,18 @@ def register(app: typer.Typer) -> None:
             for col in flat.columns:  # lists/dicts from extra_json as JSON text
                 if flat[col].map(lambda v: isinstance(v, (list, dict))).any():
                     flat[col] = flat[col].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
-            if csv:
-                flat.to_csv(csv, index=False)
-                console.print(f"wrote {len(flat)} records to {csv}")
-            if parquet:
-                try:
-                    flat.to_parquet(parquet, index=False)
-                except ImportError as exc:
-                    console.print(f"[red]Parquet needs pyarrow ({exc}); `pip install pyarrow`.")
-                    raise typer.Exit(2)
-                console.print(f"wrote {len(flat)} records to {parquet}")
+            try:
+                if csv:
+                    flat.to_csv(csv, index=False)
+                    console.print(f"wrote {len(flat)} records to {csv}")
+                if parquet:
+                    try:
+                        flat.to_parquet(parquet, index=False)
+                    except ImportError as exc:
+                        fail(f"--parquet {parquet}: Parquet needs pyarrow ({exc}); `pip install pyarrow`.")
+                    console.print(f"wrote {len(flat)} records to {parquet}")
+            except OSError as exc:
+                fail(f"{exc.filename or csv or parquet} cannot be written ({exc.strerror or exc}); pick a writable path.")
         if as_json:
             for r in rows:
                 typer.echo(json.dumps(r, default=str))

@@ -2,7 +2,6 @@
 each against the float64 reference, time it, and store the records."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -15,9 +14,25 @@ NO_GPU_LINE = (
 )
 
 
+# The axes with options of their own below; any other axis of core.case.Case is taken as
+# `--NAME V1,V2` (its field name with dashes), so a new field of Case needs no code here.
+NAMED_AXES = ("batch", "kv_len", "bits", "k_mode", "v_mode", "group_size", "page_size", "seed")
+
+
+def _other_axes_help() -> str:
+    from core.case import axes
+
+    others = [name for name in axes() if name not in NAMED_AXES]
+    if not others:
+        return "Every field of core.case.Case is an axis; a new one is taken as --NAME V1,V2."
+    return "Other axes: " + ", ".join(f"--{n.replace('_', '-')}" for n in others) + " (comma lists)."
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("sweep")
+    @app.command("sweep", epilog=_other_axes_help(),
+                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def sweep(
+        ctx: typer.Context,
         preset: Optional[str] = typer.Option(None, "--preset", "-p", help="paper | quick | full, or a TOML path."),
         batch: Optional[str] = typer.Option(None, help="Batch sizes, e.g. 1,8,32,128."),
         kv_len: Optional[str] = typer.Option(None, "--kv-len", help="KV lengths, e.g. 1k,32k,131072."),
@@ -29,8 +44,8 @@ def register(app: typer.Typer) -> None:
         num_q_heads: Optional[int] = typer.Option(None, "--num-q-heads", help="Explicit shape (overrides --model)."),
         num_kv_heads: Optional[int] = typer.Option(None, "--num-kv-heads"),
         head_dim: Optional[int] = typer.Option(None, "--head-dim"),
-        page_size: Optional[int] = typer.Option(None, "--page-size", help="Tokens per page (quantized formats round up to a group)."),
-        seed: Optional[int] = typer.Option(None, "--seed"),
+        page_size: Optional[str] = typer.Option(None, "--page-size", help="Tokens per page (quantized formats round up to a group)."),
+        seed: Optional[str] = typer.Option(None, "--seed"),
         backends: Optional[str] = typer.Option(None, "--backends", "-b", help="Comma list; 'flashinfer-*' matches a prefix. Default: all."),
         gpus: Optional[str] = typer.Option(None, "--gpus", help="CUDA indices, e.g. 0,1. Default: every visible GPU."),
         db: Path = typer.Option(Path("results/foscar.sqlite"), "--db", help="Results store (SQLite)."),
@@ -41,72 +56,70 @@ def register(app: typer.Typer) -> None:
         list_backends: bool = typer.Option(False, "--list-backends", help="List backends and whether they can run here."),
         case_timeout: float = typer.Option(900.0, "--case-timeout", help="Seconds before a case is recorded `timeout`."),
         read_ceiling: bool = typer.Option(True, "--read-ceiling/--no-read-ceiling", help="Measure the streaming-read ceiling once per GPU."),
-        test_backends: bool = typer.Option(False, "--test-backends", help="Also offer the harness's test-only backends (test-crash, ...)."),
         cpu: bool = typer.Option(False, "--cpu", hidden=True, help="Run workers on the CPU (tests the harness only)."),
         progress: bool = typer.Option(True, "--progress/--no-progress"),
     ) -> None:
         """Run a sweep. Example: foscar-bench sweep --preset paper --db out.sqlite"""
         from rich.console import Console
 
-        from baselines.base import TEST_BACKENDS_ENV, all_backends, select_backends
+        from baselines.base import all_backends, select_backends
+        from core.store import ResultStore, StoreError
         from suite.cases import expand, make_spec, parse_int_list, parse_str_list
-        from suite.store import ResultStore
         from suite.sweep import parse_shard, plan_items, shard_items
 
         console = Console()
-        if test_backends:
-            os.environ[TEST_BACKENDS_ENV] = "1"
         if list_backends:
             _print_backends(console, all_backends())
             return
-        devices = None if dry_run else _devices(gpus, cpu)
-        store = ResultStore(db) if (resume or not dry_run or db.exists()) else None
-        axes = dict(
-            batch=parse_int_list(batch), kv_len=parse_int_list(kv_len), bits=parse_int_list(bits),
-            k_mode=parse_str_list(k_mode), v_mode=parse_str_list(v_mode),
-            group_size=parse_int_list(group_size), models=parse_str_list(model),
-            num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-            page_size=page_size, seed=seed,
-        )
-        backend_names = parse_str_list(backends)
+        named = dict(batch=batch, kv_len=kv_len, bits=bits, k_mode=k_mode, v_mode=v_mode,
+                     group_size=group_size, page_size=page_size, seed=seed)
+        # Everything the command line says is checked before a GPU or the store is looked at.
         try:
+            axes = {**_parse_axes(named, parse_int_list, parse_str_list), **_extra_axes(ctx.args)}
+            axes.update(models=parse_str_list(model), num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                        head_dim=head_dim)
+            backend_names = parse_str_list(backends)
             shard_ix = parse_shard(shard)
+            done: set[str] = set()
             if resume:
-                if store is None or not store.has_run(resume):
-                    raise ValueError(f"run {resume!r} is not in {db}; `foscar-bench results --runs --db {db}` lists runs.")
-                config = store.run_info(resume)["config"]
+                with ResultStore(db, readonly=True) as past:
+                    if not past.has_run(resume):
+                        raise ValueError(f"run {resume!r} is not in {db}; `foscar-bench results --runs --db {db}` lists runs.")
+                    config = past.run_info(resume)["config"]
+                    done = past.finished_keys(resume)
                 given = [k for k, v in axes.items() if v is not None] + (["backends"] if backend_names else [])
                 if given:
                     console.print(f"[yellow]--resume uses the run's own axes; ignoring {', '.join(given)}.")
                 spec = make_spec(None, **config["spec"])
                 backend_names = config["backends"]
                 shard_ix = parse_shard(config.get("shard"))
-                test_backends = test_backends or config.get("test_backends", False)
-                if test_backends:
-                    os.environ[TEST_BACKENDS_ENV] = "1"
             else:
                 spec = make_spec(preset, **axes)
-            chosen = select_backends(backend_names)
+            chosen = select_backends(backend_names or spec.backends)
             items = plan_items(expand(spec), chosen)
             if shard_ix:
                 items = shard_items(items, *shard_ix)
-        except (ValueError, KeyError) as exc:
-            console.print(f"[red]{exc.args[0] if exc.args else exc}")
+        except (ValueError, KeyError, StoreError) as exc:
+            typer.echo(str(exc.args[0] if exc.args else exc), err=True)
             raise typer.Exit(2)
 
         if dry_run:
-            done = store.finished_keys(resume) if (store is not None and resume) else set()
             _print_items(console, items, done)
             return
+        devices = _devices(gpus, cpu)
+        try:
+            store = ResultStore(db)
+        except StoreError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(2)
         from suite.envinfo import collect
-        from suite.sweep import SweepOptions, run_sweep
         from suite.summary import summary_table
+        from suite.sweep import SweepOptions, run_sweep
 
         config = {
             "spec": spec.as_dict(),
             "backends": [b.name for b in chosen],
             "devices": devices,
-            "test_backends": test_backends,
             "preset": preset,
         }
         if shard_ix:
@@ -121,7 +134,7 @@ def register(app: typer.Typer) -> None:
             f"on {', '.join('cpu' if d == 'cpu' else 'cuda:' + d for d in devices)}; store {db}"
         )
         options = SweepOptions(devices=devices, case_timeout_s=case_timeout, read_ceiling=read_ceiling and not cpu,
-                               test_backends=test_backends, log_dir=str(log_dir))
+                               log_dir=str(log_dir))
         try:
             outcome = run_sweep(store=store, run_id=run_id, items=items, options=options, console=console, progress=progress)
         except KeyboardInterrupt:
@@ -141,12 +154,43 @@ def register(app: typer.Typer) -> None:
 
 def _check_same_sweep(old: dict, new: dict, run_id: str, db) -> None:
     """A named run is continued only by the sweep that began it (same axes, backends, shard)."""
-    keys = ("spec", "backends", "shard", "test_backends")
+    keys = ("spec", "backends", "shard")
     diff = [k for k in keys if old.get(k) != new.get(k)]
     if diff:
         typer.echo(f"run {run_id} in {db} was started with other {', '.join(diff)}; "
                    "give a new --run-id, or --resume it to run its own settings.", err=True)
         raise typer.Exit(2)
+
+
+def _parse_axes(named: dict, parse_int_list, parse_str_list) -> dict:
+    """The named axis options as lists of their Case field's type."""
+    from core.case import axes
+
+    kinds = {name: kind for name, (kind, _) in axes().items()}
+    return {name: (parse_int_list(text, f"--{name.replace('_', '-')}") if kinds[name] is int else parse_str_list(text))
+            for name, text in named.items()}
+
+
+def _extra_axes(args: list[str]) -> dict:
+    """`--NAME V1,V2` for an axis of Case without an option of its own; anything else left
+    on the command line is one error naming it."""
+    from core.case import axes
+    from suite.cases import parse_int_list, parse_str_list
+
+    kinds = {name: kind for name, (kind, _) in axes().items() if name not in NAMED_AXES}
+    out: dict = {}
+    rest = list(args)
+    while rest:
+        word = rest.pop(0)
+        name = word[2:].split("=")[0].replace("-", "_") if word.startswith("--") else None
+        if name not in kinds:
+            known = ", ".join(f"--{n.replace('_', '-')}" for n in kinds) or "none beyond those in --help"
+            raise ValueError(f"sweep does not take {word!r}; see `foscar-bench sweep --help` (other axes: {known}).")
+        text = word.split("=", 1)[1] if "=" in word else (rest.pop(0) if rest else None)
+        if text is None:
+            raise ValueError(f"{word} needs a value, e.g. {word} 1,2.")
+        out[name] = parse_int_list(text, word) if kinds[name] is int else parse_str_list(text)
+    return out
 
 
 def _devices(gpus: str | None, cpu: bool) -> list[str]:
@@ -178,28 +222,57 @@ def _print_items(console, items, done: set[str]) -> None:
     for it in items:
         c = it.case
         fmt = (f"int{c.bits} g{c.group_size} k{c.k_mode[0]}v{c.v_mode[0]}" if c.k_mode != "none"
-               else {16: "bf16", 8: "fp8", 4: "fp4"}.get(c.bits, str(c.bits)))
+               else {16: "bf16", 8: "fp8", 4: "fp4"}.get(c.bits, str(c.bits))) + c.extra_key.replace("-", " ")
         table.add_row(str(it.item_id), it.backend.name, str(c.batch), str(c.kv_len),
                       f"{c.num_q_heads}/{c.num_kv_heads}", str(c.head_dim), fmt, str(c.page_size),
                       "yes" if it.key in done else "")
     console.print(table)
 
 
+def _local_gpu():
+    """The first visible GPU's description, or None on a machine without one."""
+    from suite.envinfo import visible_gpu_count
+
+    if visible_gpu_count() == 0:
+        return None
+    try:
+        from core.gpu import GpuInfo
+
+        return GpuInfo.from_torch(0)
+    except Exception:  # noqa: BLE001 - NVML sees a GPU that torch cannot use: none here
+        return None
+
+
+def here_reason(backend, gpu) -> str | None:
+    """Why `backend` cannot run on this machine (None: it can, on a paper-sized case): its
+    library, a GPU it needs, then what it says of such a case on this GPU."""
+    from core.case import Case
+    from core.gpu import GpuInfo
+
+    reason = backend.available()
+    if reason:
+        return reason
+    if backend.needs_cuda and gpu is None:
+        return "needs a CUDA GPU; none is visible here."
+    case = backend.case_for(Case(batch=1, kv_len=4096, bits=backend.bits if backend.bits in (2, 4) else 4))
+    return backend.case_reason(case, gpu or GpuInfo.cpu()) if case is not None else None
+
+
 def _print_backends(console, backends) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    gpu = _local_gpu()
     table = Table(pad_edge=False, box=None, header_style="bold")
     for col in ("backend", "family", "bits", "tol", "here", "what"):
         table.add_column(col, no_wrap=col != "what", overflow="fold")
     notes = []
     for b in backends:
-        row = b.row()
-        here = "yes" if row["available"] == "yes" else "no"
-        if here == "no":
-            notes.append(Text(f"{row['backend']}: {row['available']}", overflow="fold"))
-        table.add_row(row["backend"], row["family"], str(row["bits"]), f"{row['tolerance']:g}", here,
-                      row["description"])
+        reason = here_reason(b, gpu)
+        if reason:
+            notes.append(Text(f"{b.name}: {reason}", overflow="fold"))
+        table.add_row(b.name, b.family, str(b.bits or "case"), f"{b.tolerance:g}", "no" if reason else "yes",
+                      b.description)
     console.print(table)
     for n in notes:
         console.print(n)

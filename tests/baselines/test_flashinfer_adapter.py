@@ -10,11 +10,11 @@ import torch
 
 from baselines import _paging as pg
 from baselines.base import GpuInfo, get_backend
-from suite.cases import Case
+from core.case import Case
 from suite.runner import WorkerContext, check, make_source
 
 H200 = GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0))
-CPU = WorkerContext(device=torch.device("cpu"), gpu=GpuInfo(index=-1, name="cpu"))
+CPU = WorkerContext(device=torch.device("cpu"), gpu=GpuInfo.cpu())
 
 
 def _attend(q, k, v, scale):
@@ -109,9 +109,9 @@ def test_adapter_answers_the_reference(fake_flashinfer, name):
     assert backend.supports(case, H200) is None
     source = make_source(case, "cpu")
     prepared = backend.prepare(case, source)
-    res = check(case, backend, prepared, source, CPU)
-    assert res.get("status") is None, res
-    assert res["rel_error"] < 1e-2
+    res, wrong = check(case, backend, prepared, source, CPU)
+    assert wrong is None, wrong
+    assert res.rel_error < 1e-2
     if name.startswith("flashinfer"):
         w = FakeWrapper.instances[-1]
         assert w.use_tensor_cores == name.endswith(("-tc", "-fa3"))
@@ -120,7 +120,7 @@ def test_adapter_answers_the_reference(fake_flashinfer, name):
         if name == "flashinfer-bf16-fa3":
             assert w.backend == "fa3"
     if "fp8" in name or "nvfp4" in name:
-        assert res["quant_rel_error"] > 1e-3  # the reference saw the converted cache
+        assert res.quant_rel_error > 1e-3  # the reference saw the converted cache
 
 
 def test_old_flashinfer_without_nvfp4_support(fake_flashinfer, monkeypatch):

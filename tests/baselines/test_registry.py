@@ -2,7 +2,7 @@
 import pytest
 
 from baselines.base import GpuInfo, all_backends, get_backend, select_backends
-from suite.cases import Case
+from core.case import Case
 
 EXPECTED = {
     "torch-ref", "flashinfer-bf16", "flashinfer-bf16-tc", "flashinfer-bf16-fa3", "flashinfer-fp8",
@@ -13,12 +13,32 @@ H200 = GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132, l2_
 B200 = GpuInfo(index=0, name="NVIDIA B200", capability=(10, 0))
 
 
-def test_registry_lists_every_backend(monkeypatch):
-    monkeypatch.delenv("FOSCAR_BENCH_TEST_BACKENDS", raising=False)
-    names = {b.name for b in all_backends()}
-    assert names == EXPECTED
-    monkeypatch.setenv("FOSCAR_BENCH_TEST_BACKENDS", "1")
-    assert {"test-crash", "test-stub"} <= {b.name for b in all_backends()}
+def test_registry_lists_every_backend():
+    # The product's backends only: the harness's stand-ins live in tests/suite/.
+    assert {b.name for b in all_backends()} == EXPECTED
+    with pytest.raises(KeyError) as err:
+        get_backend("test-crash")
+    assert "test-" not in str(err.value).split("expected one of")[1]
+
+
+def test_every_backend_declares_its_format():
+    from core.bytes_model import FORMATS
+
+    for b in all_backends():
+        assert b.kv_format in FORMATS and b.bits in (0, 2, 4, 8, 16), b.name
+        # subclasses say why in case_reason (and available); supports() stays the base's
+        assert "supports" not in vars(type(b)), f"{b.name} overrides supports(); override case_reason"
+        assert b.traffic(Case(batch=1, kv_len=1024, bits=b.bits if b.bits in (2, 4) else 4)).total > 0
+
+
+def test_register_checks_the_declaration():
+    from baselines.base import Backend, register
+
+    class NoFormat(Backend):
+        name = "no-format"
+
+    with pytest.raises(ValueError, match="kv_format"):
+        register(NoFormat)
 
 
 def test_get_and_select():

@@ -51,23 +51,24 @@ def test_append_matches_fresh_quantize(rng, bits, k_mode, v_mode):
 
 
 def test_append_grows_the_page_table(rng):
-    cfg = QuantConfig(bits=4, group_size=32, k_mode="token", v_mode="token", page_size=32)
-    k, v = make_kv(rng, 2, 40, 2, 128)
-    c = quantize(k, v, [32, 5], cfg, extra_pages=1)
+    cfg = QuantConfig(bits=4, group_size=32, k_mode="token", v_mode="token", page_size=64)
+    k, v = make_kv(rng, 2, 72, 2, 128)
+    c = quantize(k, v, [64, 5], cfg, extra_pages=1)
     assert c.max_pages_per_seq == 1
-    append(c, k[:, 32], v[:, 32])
+    append(c, k[:, 64], v[:, 64])
     assert c.max_pages_per_seq == 2 and c.free_pages == []
     assert c.page_table.tolist() == [[0, 2], [1, 0]]
 
 
 @pytest.mark.parametrize("k_mode, v_mode", [("token", "token"), ("channel", "token")])
 def test_running_out_of_pages_changes_nothing(rng, k_mode, v_mode):
-    cfg = QuantConfig(bits=2, group_size=32, k_mode=k_mode, v_mode=v_mode, page_size=32)
-    k, v = make_kv(rng, 2, 70, 2, 64)
-    # token-wise: the next token of sequence 0 opens page 1; channel-wise: its tail of 31 completes.
-    c = quantize(k, v, [32 if k_mode == "token" else 63, 10], cfg, extra_pages=0)
+    cfg = QuantConfig(bits=2, group_size=32, k_mode=k_mode, v_mode=v_mode, page_size=64)
+    k, v = make_kv(rng, 2, 100, 2, 64)
+    # token-wise: the next token of sequence 0 opens page 1; channel-wise: its tail of 31 completes
+    # a group past its full first page.
+    c = quantize(k, v, [64 if k_mode == "token" else 95, 10], cfg, extra_pages=0)
     before = {name: getattr(c, name).clone() for name in CACHE_FIELDS}
     with pytest.raises(OutOfPagesError, match="needs 1 fresh page but 0 are free"):
-        append(c, k[:, 64], v[:, 64])
+        append(c, k[:, 96], v[:, 96])
     for name in CACHE_FIELDS:
         assert torch.equal(getattr(c, name), before[name]), name

@@ -99,7 +99,7 @@ def test_round_trip_within_half_a_step(rng, bits, k_mode, v_mode, group):
 @pytest.mark.parametrize("k_mode, v_mode", MODE_PAIRS)
 def test_fp32_params(rng, k_mode, v_mode):
     """fp32 parameters: exact min as offset; values beyond the fp16 range are fine."""
-    cfg = QuantConfig(bits=4, group_size=32, k_mode=k_mode, v_mode=v_mode, param_dtype="fp32", page_size=32)
+    cfg = QuantConfig(bits=4, group_size=32, k_mode=k_mode, v_mode=v_mode, param_dtype="fp32", page_size=64)
     k, v = make_kv(rng, 2, 100, 2, 64, scale=1e5)
     c = quantize(k, v, [100, 33], cfg)
     deq_k, _ = dequantize(c, dtype=torch.float64)
@@ -161,7 +161,7 @@ def test_pages_are_allocated_per_sequence(rng, k_mode, v_mode):
 
 
 def test_shuffled_pages_hold_the_same_cache(rng):
-    cfg = QuantConfig(bits=2, group_size=32, k_mode="channel", v_mode="token", page_size=32)
+    cfg = QuantConfig(bits=2, group_size=32, k_mode="channel", v_mode="token", page_size=64)
     k, v = make_kv(rng, 3, 150, 2, 128)
     lens = [150, 97, 40]
     plain = quantize(k, v, lens, cfg, extra_pages=4)
@@ -188,7 +188,7 @@ def test_chunking_does_not_change_the_cache(rng, monkeypatch):
 
 
 def test_dequantize_selected_sequences(rng):
-    cfg = QuantConfig(bits=4, group_size=32, k_mode="channel", v_mode="channel", page_size=32)
+    cfg = QuantConfig(bits=4, group_size=32, k_mode="channel", v_mode="channel", page_size=64)
     k, v = make_kv(rng, 3, 90, 2, 64)
     c = quantize(k, v, [90, 40, 70], cfg)
     all_k, all_v = dequantize(c)

@@ -102,14 +102,15 @@ def test_build_key_follows_the_flags(monkeypatch):
 def test_decode_kernel_names_parse_to_their_template_arguments():
     name = "void foscar::foscar_decode_kernel<2, 128, 64, true, false, true>(foscar::DecodeParams)"
     assert build.decode_template_args(name) == (2, 64, 1, 0, 1)
-    assert build.decode_template_args("void foscar::foscar_combine_kernel<128>(float const*)") is None
+    assert build.decode_template_args("void at::native::vectorized_elementwise_kernel<4>(int)") is None
 
 
 def test_build_reports_each_decode_kernels_shared_memory():
     try:
-        result = build.build("sm_90a")
+        build.find_nvcc()
     except build.BuildError as exc:
-        pytest.skip(f"nvcc cannot build the kernels here: {exc}")
+        pytest.skip(f"nvcc is not installed: {exc}")
+    result = build.build("sm_90a")  # with nvcc here, a compile error fails this test
     smem = result.smem_bytes()
     decode = [r.name for r in result.resources if "decode_kernel" in r.name]
     assert decode and all(smem[name] > 16 * 1024 for name in decode)

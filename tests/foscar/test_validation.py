@@ -7,7 +7,7 @@ import torch
 from foscar.cache import append, quantize
 from foscar.config import QuantConfig
 
-CFG = QuantConfig(bits=4, group_size=32, k_mode="channel", v_mode="token", page_size=32)
+CFG = QuantConfig(bits=4, group_size=32, k_mode="channel", v_mode="token", page_size=64)
 CACHE_FIELDS = ("k_codes", "v_codes", "k_params", "v_params", "page_table", "seq_lens", "tail_lens", "k_tail", "v_tail")
 
 

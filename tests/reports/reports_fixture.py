@@ -5,9 +5,9 @@ import random
 from pathlib import Path
 from unittest import mock
 
-from suite import store as store_mod
-from suite.bytes_model import traffic
-from suite.store import ResultStore
+from core import store as store_mod
+from core.bytes_model import traffic
+from core.store import ResultStore
 
 BUS_TBPS = 2 * 3201e6 * 6016 / 8 / 1e12  # 4.815
 DATASHEET_TBPS = 4.8

@@ -17,7 +17,7 @@ from reports.noise import Sample, classify, judge, parse_fraction
 from reports.source import open_store
 from reports_fixture import PLANTED_NOISE, PLANTED_SLOW
 from suite.cli import app
-from suite.store import ResultStore
+from core.store import ResultStore
 from suite.timing import summarize
 
 BUNDLED = Path(__file__).resolve().parents[2] / "reports" / "data" / "bundled.sqlite"

@@ -57,7 +57,7 @@ def test_speedups_are_geometric_means_over_cases_both_passed(rendered_report):
 
 def test_report_of_records_without_data_says_so(tmp_path):
     only_unsupported = pd.DataFrame([{
-        "run_id": "r1", "case_key": "c", "backend": "flashinfer-nvfp4", "status": "unsupported",
+        "run_id": "r1", "case_key": "c", "backend": "trtllm-nvfp4", "status": "unsupported",
         "reason": "needs Blackwell", "gpu_name": "NVIDIA H200", "batch": 128, "kv_len": 32768,
         "started_at": "2025-01-01T00:00:00+00:00", "git_sha": "abc",
     }])

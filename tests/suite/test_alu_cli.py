@@ -57,8 +57,8 @@ def test_static_error_is_one_line(tmp_path):
 
 def test_dynamic_into_store_and_json(monkeypatch, tmp_path):
     from baselines.base import get_backend
-    from suite.cases import Case
-    from suite.store import ResultStore
+    from core.case import Case
+    from core.store import ResultStore
 
     body = (DATA / "ncu_raw_two_kernels.csv").read_text()
     script = tmp_path / "ncu"
@@ -84,4 +84,4 @@ def test_dynamic_into_store_and_json(monkeypatch, tmp_path):
     assert rec["dram_bytes_read"] == pytest.approx(8.45e6)
     assert rec["dram_model_ratio"] is not None
     assert "alu" in json.loads(rec["pipe_mix_json"])
-    assert json.loads(rec["extra_json"])["alu_status"] == "ok"
+    assert rec["alu_status"] == "ok"  # a record column now (core.record.AluFields)

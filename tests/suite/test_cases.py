@@ -2,8 +2,9 @@
 import pytest
 
 from baselines.base import select_backends
+from core.case import Case
 from suite.cases import (
-    Case, expand, load_preset, make_spec, pair, parse_int_list, parse_str_list, preset_names,
+    expand, load_preset, make_spec, pair, parse_int_list, parse_str_list, preset_names,
 )
 
 
@@ -35,14 +36,14 @@ def test_presets_exist_and_load():
 def test_paper_expands_to_every_backend():
     cases = expand(make_spec("paper"))
     assert [(c.batch, c.kv_len, c.bits) for c in cases] == [(128, 32768, 4), (128, 32768, 2)]
-    items = pair(cases, select_backends(None, include_test=False))
+    items = pair(cases, select_backends(None))
     names = [b.name for _, b in items]
     # every backend appears; full-precision ones once, int ones per matching width
     assert names.count("flashinfer-bf16-tc") == 1
     assert names.count("trtllm-xqa-fp8") == 1
     assert names.count("torch-ref") == 2
     assert names.count("foscar-int4") == names.count("foscar-int2") == 1
-    assert set(names) == {b.name for b in select_backends(None, include_test=False)}
+    assert set(names) == {b.name for b in select_backends(None)}
     fi = next(c for c, b in items if b.name == "flashinfer-bf16-tc")
     assert (fi.bits, fi.k_mode, fi.group_size, fi.page_size) == (16, "none", 0, 64)
     ours = next(c for c, b in items if b.name == "foscar-int4")
@@ -83,7 +84,7 @@ def test_parse_lists():
 
 
 def test_pair_groups_by_shape_and_dedupes():
-    backends = select_backends(["flashinfer-bf16", "foscar-int4"], include_test=False)
+    backends = select_backends(["flashinfer-bf16", "foscar-int4"])
     cases = expand(make_spec(None, batch=[1, 2], kv_len=[1024], bits=[4, 2], group_size=[64, 128]))
     items = pair(cases, backends)
     # bf16 once per shape; foscar-int4 for each int4 group size
@@ -91,3 +92,18 @@ def test_pair_groups_by_shape_and_dedupes():
     assert sum(b.name == "foscar-int4" for _, b in items) == 4
     shapes = [c.shape_key for c, _ in items]
     assert shapes == sorted(shapes)
+
+
+def test_every_case_field_is_a_sweep_axis_a_preset_key_and_a_column():
+    from dataclasses import fields
+
+    from core.case import SHAPE_FIELDS, axes
+    from core.record import COLUMNS
+    from suite.cases import preset_keys
+
+    for f in fields(Case):
+        assert f.name in COLUMNS
+        if f.name not in SHAPE_FIELDS:
+            assert f.name in axes() and f.name in preset_keys()
+    spec = make_spec(None, batch=[1], kv_len=[64], seed=[0, 1], page_size=[64, 128])
+    assert {(c.seed, c.page_size) for c in expand(spec)} >= {(0, 64), (1, 128)}

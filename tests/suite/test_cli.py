@@ -3,9 +3,10 @@ import json
 
 import pandas as pd
 import pytest
+import harness_doubles
 from typer.testing import CliRunner
 
-from suite.cli import app
+from suite.cli import COMMANDS, app
 
 runner = CliRunner()
 REQUIRED = ("run_id", "backend", "batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim", "bits",
@@ -15,9 +16,17 @@ SMALL = ["--batch", "2", "--kv-len", "128", "--num-q-heads", "4", "--num-kv-head
 
 
 def test_help_lists_commands():
+    import typer
+
+    # The registered commands themselves, not words in the help text (the app's description
+    # also says "build", "sweep" and "report").
+    names = [c.name for c in typer.main.get_command(app).commands.values()]
+    assert names == list(COMMANDS)
+    assert set(COMMANDS) >= {"build", "sweep", "results", "report", "alu", "dashboard", "compare", "env"}
+    # and --help shows each as an entry of its command list, in that order
     out = runner.invoke(app, ["--help"]).output
-    for cmd in ("build", "sweep", "results", "report", "alu", "dashboard", "compare", "env"):
-        assert cmd in out
+    firsts = [line.strip("│ ").split(" ")[0] for line in out.splitlines()]
+    assert [w for w in firsts if w in COMMANDS] == list(COMMANDS)
 
 
 def test_dry_run_lists_cases_without_a_store(tmp_path):
@@ -40,16 +49,26 @@ def test_sweep_without_gpu_says_so_in_one_line(tmp_path, monkeypatch):
     assert not db.exists()
 
 
-def test_list_backends():
+def test_list_backends(monkeypatch):
+    import suite.envinfo
+
+    monkeypatch.setattr(suite.envinfo, "visible_gpu_count", lambda: 0)
     res = runner.invoke(app, ["sweep", "--list-backends"])
     assert res.exit_code == 0 and "bitdecoding-int4" in res.output and "foscar-int2" in res.output
+    here = {line.split()[0]: line.split()[4] for line in res.output.splitlines()
+            if line.split() and line.split()[0] in ("torch-ref", "foscar-int4", "trtllm-xqa-fp8", "trtllm-nvfp4")}
+    # on a machine without a GPU only torch-ref can run
+    assert here == {"torch-ref": "yes", "foscar-int4": "no", "trtllm-xqa-fp8": "no", "trtllm-nvfp4": "no"}
+    assert "foscar-int4: needs a CUDA GPU; none is visible here." in res.output
+    assert "test-" not in res.output
 
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     db = tmp_path_factory.mktemp("cli") / "out.sqlite"
-    res = runner.invoke(app, ["sweep", "--cpu", "--test-backends", "--no-progress", "--db", str(db),
-                              "--backends", "test-stub,test-wrong,test-unsupported", *SMALL])
+    with harness_doubles.registered():
+        res = runner.invoke(app, ["sweep", "--cpu", "--no-progress", "--db", str(db),
+                                  "--backends", "test-stub,test-wrong,test-unsupported", *SMALL])
     assert res.exit_code == 0, res.output
     return db, res.output
 
@@ -69,7 +88,7 @@ def test_sweep_with_stand_ins(swept):
     assert by["test-unsupported"]["reason"]
 
 
-def test_resume_adds_nothing_when_done(swept):
+def test_resume_adds_nothing_when_done(swept, doubles):
     db, _ = swept
     run = json.loads(runner.invoke(app, ["results", "--db", str(db), "--json"]).output.splitlines()[0])["run_id"]
     res = runner.invoke(app, ["sweep", "--cpu", "--resume", run, "--db", str(db), "--no-progress"])

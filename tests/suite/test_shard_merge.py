@@ -9,13 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness_doubles
 import pytest
 from typer.testing import CliRunner
 
 from baselines.base import select_backends
+from core.store import MergeError, ResultStore, merge_stores
 from suite.cases import expand, make_spec
 from suite.cli import app
-from suite.store import MergeError, ResultStore, merge_stores
 from suite.sweep import parse_shard, plan_items, shard_items
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,8 +25,9 @@ runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
-def _test_backends(monkeypatch):
-    monkeypatch.setenv("FOSCAR_BENCH_TEST_BACKENDS", "1")
+def _doubles():
+    with harness_doubles.registered():
+        yield
 
 
 def _keys(items) -> list[str]:
@@ -82,7 +84,7 @@ def _rec(case, backend, **kw):
 def _store(path, run_id, records, sha="abc123", shard=None, host="h"):
     from unittest import mock
 
-    from suite import store as store_mod
+    from core import store as store_mod
 
     with mock.patch.object(store_mod, "git_state", return_value=(sha, False)), ResultStore(path) as s:
         config = {"spec": {"batch": [1]}, "backends": ["test-stub"], **({"shard": shard} if shard else {})}
@@ -150,11 +152,11 @@ def test_sharded_sweep_then_merge_is_the_full_grid(tmp_path):
     stores = []
     for i in range(2):
         db = tmp_path / f"shard-{i}.sqlite"
-        res = runner.invoke(app, ["sweep", "--cpu", "--test-backends", "--no-progress", "--shard", f"{i}/2",
+        res = runner.invoke(app, ["sweep", "--cpu", "--no-progress", "--shard", f"{i}/2",
                                   "--run-id", "grid-1", "--db", str(db), *small])
         assert res.exit_code == 0, res.output
         stores.append(db)
-    full = runner.invoke(app, ["sweep", "--test-backends", "--dry-run", "--db", str(tmp_path / "none.sqlite"), *small])
+    full = runner.invoke(app, ["sweep", "--dry-run", "--db", str(tmp_path / "none.sqlite"), *small])
     n_items = int(full.output.split(" items")[0].split()[-1])
     out = tmp_path / "all.sqlite"
     res = runner.invoke(app, ["results", "merge", str(out), *map(str, stores)])
@@ -165,6 +167,6 @@ def test_sharded_sweep_then_merge_is_the_full_grid(tmp_path):
     again = runner.invoke(app, ["results", "merge", str(out), *map(str, stores)])
     assert "0 record(s) added" in again.output
     # the same run id with other settings is refused, not mixed in
-    clash = runner.invoke(app, ["sweep", "--cpu", "--test-backends", "--no-progress", "--shard", "0/3",
+    clash = runner.invoke(app, ["sweep", "--cpu", "--no-progress", "--shard", "0/3",
                                 "--run-id", "grid-1", "--db", str(stores[0]), *small])
     assert clash.exit_code == 2 and "shard" in clash.output

@@ -1,31 +1,25 @@
 """Crash isolation, simulated on the CPU: a worker that dies, hangs or raises costs one
 record; the sweep replaces the worker and the remaining cases still run."""
-import pytest
-
-from baselines.base import Unsupported, select_backends
-from suite.cases import Case
+import harness_doubles
+from baselines.base import Unsupported
+from core.case import Case
+from core.store import ResultStore
 from suite.runner import classify
-from suite.store import ResultStore
 from suite.sweep import Item, SweepOptions, run_sweep
 
-
-@pytest.fixture(autouse=True)
-def _test_backends(monkeypatch):
-    monkeypatch.setenv("FOSCAR_BENCH_TEST_BACKENDS", "1")
+DOUBLES = {cls.name: cls() for cls in harness_doubles.DOUBLES}
 
 
 def _items(names, case=Case(batch=2, kv_len=128, num_q_heads=4, num_kv_heads=2, head_dim=64)):
-    items = []
-    for i, b in enumerate(select_backends(names)):
-        items.append(Item(i, b.case_for(case), b))
-    return items
+    # The stand-ins are handed to the sweep as objects; the workers need no registry entry.
+    return [Item(i, DOUBLES[n].case_for(case), DOUBLES[n]) for i, n in enumerate(names)]
 
 
 def _sweep(tmp_path, names, timeout=60.0):
     store = ResultStore(tmp_path / "c.sqlite")
     run = store.start_run(argv=[], config={}, env={})
     opts = SweepOptions(devices=["cpu"], case_timeout_s=timeout, read_ceiling=False,
-                        test_backends=True, log_dir=str(tmp_path / "logs"))
+                        log_dir=str(tmp_path / "logs"))
     run_sweep(store=store, run_id=run, items=_items(names), options=opts, progress=False)
     df = store.records(run)
     return store, run, dict(zip(df.backend, df.status)), df
@@ -63,7 +57,7 @@ def test_resume_skips_finished_items(tmp_path):
     items = _items(["test-stub", "test-wrong", "test-unsupported"])
     # a sweep killed half-way: the first item made it to the store
     store.add_record(run, {"case_key": items[0].case.key, "backend": "test-stub", "status": "passed", "median_us": 1.0})
-    opts = SweepOptions(devices=["cpu"], read_ceiling=False, test_backends=True)
+    opts = SweepOptions(devices=["cpu"], read_ceiling=False)
     outcome = run_sweep(store=store, run_id=run, items=items, options=opts, progress=False)
     assert outcome.written == 2
     df = store.records(run)

@@ -140,23 +140,15 @@ def traffic(
     return t
 
 
-def traffic_for_case(case: Any, fmt: str, **kw: Any) -> Traffic:
-    """`traffic` for a suite.cases.Case."""
+def traffic_for_case(case: Any, fmt: str) -> Traffic:
+    """`traffic` for a core.case.Case in KV format `fmt` (a backend's `kv_format`)."""
     args = dict(
         batch=case.batch, kv_len=case.kv_len, num_q_heads=case.num_q_heads,
         num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, page_size=case.page_size,
     )
     if fmt == "int":
         args.update(bits=case.bits, group_size=case.group_size, k_mode=case.k_mode, v_mode=case.v_mode)
-    args.update(kw)
     return traffic(fmt, **args)
-
-
-def traffic_for(backend: Any, case: Any) -> Traffic:
-    """The backend's own format (its `kv_format` attribute and `traffic_kwargs`)."""
-    fmt = getattr(backend, "kv_format", None) or {16: "bf16", 8: "fp8"}.get(case.bits, "int")
-    kw = getattr(backend, "traffic_kwargs", None) or {}
-    return traffic_for_case(case, fmt, **kw)
 
 
 def eff_bandwidth_tbps(nbytes: int | float, time_us: float | None) -> float | None:

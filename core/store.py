@@ -1,5 +1,6 @@
 """The results store: one SQLite file (stdlib sqlite3) of runs and records, with a
-versioned schema. Sweeps write it, one committed row per record; reports only read it."""
+versioned schema whose record columns come from core.record. Sweeps write it, one
+committed row per record; reports and `results` open it read-only and never change it."""
 from __future__ import annotations
 
 import hashlib
@@ -15,60 +16,13 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from core.record import COLUMN_TYPES, COLUMNS, JSON_COLUMNS, Record, row, to_sql
+
 SCHEMA_VERSION = 1
 DEFAULT_DB = Path("results/foscar.sqlite")
 
-# The status of a record (flashinfer-bench's enum, plus `crashed` and `skipped`).
-STATUSES = ("passed", "incorrect", "crashed", "timeout", "unsupported", "skipped", "compile_error")
-
-# Flat record columns, with their SQLite types. Keys not listed go to `extra_json`.
-RECORD_COLUMNS: dict[str, str] = {
-    "run_id": "TEXT NOT NULL",
-    "case_key": "TEXT NOT NULL",
-    "backend": "TEXT NOT NULL",
-    "family": "TEXT",
-    "bits": "INTEGER",
-    "batch": "INTEGER",
-    "kv_len": "INTEGER",
-    "num_q_heads": "INTEGER",
-    "num_kv_heads": "INTEGER",
-    "head_dim": "INTEGER",
-    "k_mode": "TEXT",
-    "v_mode": "TEXT",
-    "group_size": "INTEGER",
-    "page_size": "INTEGER",
-    "model": "TEXT",
-    "gpu_index": "INTEGER",
-    "gpu_name": "TEXT",
-    "gpu_uuid": "TEXT",
-    "status": "TEXT NOT NULL",
-    "reason": "TEXT",
-    "median_us": "REAL",
-    "p10_us": "REAL",
-    "p90_us": "REAL",
-    "n_samples": "INTEGER",
-    "l2_policy": "TEXT",
-    "bytes": "INTEGER",
-    "flops": "INTEGER",
-    "eff_bandwidth_tbps": "REAL",
-    "frac_peak_bus": "REAL",
-    "frac_peak_datasheet": "REAL",
-    "frac_read_ceiling": "REAL",
-    "rel_error": "REAL",
-    "quant_rel_error": "REAL",
-    "sm_clock_mhz_before": "REAL",
-    "sm_clock_mhz_after": "REAL",
-    "throttled": "INTEGER",
-    "throttle_reasons": "TEXT",
-    "alu_per_elem": "REAL",
-    "inst_per_elem": "REAL",
-    "pipe_mix_json": "TEXT",
-    "dram_bytes_read": "REAL",
-    "dram_model_ratio": "REAL",
-    "alu_static_per_elem": "REAL",
-    "created_at": "TEXT",
-    "extra_json": "TEXT",
-}
+# Record columns with their SQLite types: the result record's (core.record), and the run.
+RECORD_COLUMNS: dict[str, str] = {"run_id": "TEXT NOT NULL", **COLUMNS}
 
 RUN_COLUMNS: dict[str, str] = {
     "run_id": "TEXT PRIMARY KEY",
@@ -115,47 +69,77 @@ def git_state(cwd: str | os.PathLike | None = None) -> tuple[str | None, bool | 
         return None, None
 
 
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        return value.item()
-    return value
+class StoreError(Exception):
+    """A store file cannot be opened or read; the message names it and says what to do."""
 
 
 class ResultStore:
-    """Runs and their records in one SQLite file. Safe to reopen; every write commits."""
+    """Runs and their records in one SQLite file. Safe to reopen; every write commits.
 
-    def __init__(self, path: str | os.PathLike = DEFAULT_DB):
+    `readonly=True` opens an existing file for reading only: nothing is created, migrated or
+    written, and a read-only file system works. `immutable=True` (with readonly) also tells
+    SQLite the file cannot change while it is open, for files that ship with the code.
+    """
+
+    def __init__(self, path: str | os.PathLike = DEFAULT_DB, *, readonly: bool = False, immutable: bool = False):
         self.path = Path(path)
-        if str(self.path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), timeout=60)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self._init_schema()
+        self.readonly = readonly
+        try:
+            if readonly:
+                self.conn = _connect_readonly(self.path, immutable)
+                self._check_version()
+            else:
+                if str(self.path) != ":memory:":
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.conn = sqlite3.connect(str(self.path), timeout=60)
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self._init_schema()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"{self.path} is not a results store ({exc}); pass --db the .sqlite file a sweep wrote."
+            ) from None
+        except OSError as exc:
+            raise StoreError(f"{self.path} cannot be opened ({exc.strerror or exc}); pass --db a writable path.") from None
 
     # --- schema -------------------------------------------------------------------------
+    def _check_version(self) -> None:
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not {"meta", "runs", "records"} <= tables:
+            raise StoreError(
+                f"{self.path} is an SQLite file but not a results store (no runs and records); "
+                "pass --db the .sqlite file a sweep wrote."
+            )
+        row_ = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row_ is not None and int(row_[0]) > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {row_[0]}, newer than this code's "
+                f"{SCHEMA_VERSION}; update foscar-bench to read it."
+            )
+
     def _init_schema(self) -> None:
         c = self.conn
         c.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-        row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is not None and int(row[0]) > SCHEMA_VERSION:
-            raise RuntimeError(
-                f"{self.path} has schema version {row[0]}, newer than this code's "
-                f"{SCHEMA_VERSION}; update foscar-bench to read it."
+        row_ = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row_ is not None and int(row_[0]) > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {row_[0]}, newer than this code's "
+                f"{SCHEMA_VERSION}; update foscar-bench to write it."
             )
         cols = ", ".join(f"{k} {v}" for k, v in RUN_COLUMNS.items())
         c.execute(f"CREATE TABLE IF NOT EXISTS runs ({cols})")
         cols = ", ".join(f"{k} {v}" for k, v in RECORD_COLUMNS.items())
         c.execute(f"CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY AUTOINCREMENT, {cols})")
         c.execute("CREATE INDEX IF NOT EXISTS records_run ON records (run_id, case_key, backend)")
-        # Columns added to RECORD_COLUMNS later appear in old files too.
+        # Columns the record gained later appear in older files too (on writing only).
         have = {r[1] for r in c.execute("PRAGMA table_info(records)")}
         for name, typ in RECORD_COLUMNS.items():
             if name not in have:
                 c.execute(f"ALTER TABLE records ADD COLUMN {name} {typ.replace(' NOT NULL', '')}")
-        c.execute(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
-            (str(SCHEMA_VERSION),),
-        )
+        if row_ is None or row_[0] != str(SCHEMA_VERSION):
+            c.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
         c.commit()
 
     @property
@@ -227,56 +211,34 @@ class ResultStore:
         return df.merge(counts, on="run_id", how="left").fillna({"n_records": 0, "n_passed": 0})
 
     # --- records ------------------------------------------------------------------------
-    def add_record(self, run_id: str, record: dict) -> None:
-        """Insert one record and commit at once, so a crash loses nothing written."""
-        rec = {k: _jsonable(v) for k, v in record.items()}
-        rec["run_id"] = run_id
-        status = rec.get("status")
-        if status not in STATUSES:
-            raise ValueError(f"record status {status!r} is not one of {STATUSES}.")
-        rec.setdefault("created_at", utc_now())
-        for key in ("case_key", "backend"):
-            if not rec.get(key):
-                raise ValueError(f"a record needs {key!r}.")
-        row, extra = {}, {}
-        for k, v in rec.items():
-            if k in RECORD_COLUMNS and k != "extra_json":
-                if isinstance(v, (dict, list)):
-                    v = json.dumps(v, default=str)
-                elif isinstance(v, bool):
-                    v = int(v)
-                row[k] = v
-            elif k != "extra_json":
-                extra[k] = v
-        if isinstance(rec.get("extra_json"), dict):
-            extra = {**rec["extra_json"], **extra}
-        if extra:
-            row["extra_json"] = json.dumps(extra, default=str)
-        names = ", ".join(row)
-        marks = ", ".join("?" for _ in row)
-        self.conn.execute(f"INSERT INTO records ({names}) VALUES ({marks})", tuple(row.values()))
+    def add_record(self, run_id: str, record: Record | dict) -> None:
+        """Insert one record and commit at once, so a crash loses nothing written. A
+        mapping of column names is taken too (fixtures, tools); other keys go to extra_json."""
+        values = row(record)
+        values["run_id"] = run_id
+        values.setdefault("created_at", utc_now())
+        names = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        self.conn.execute(f"INSERT INTO records ({names}) VALUES ({marks})", tuple(values.values()))
         self.conn.commit()
 
     def update_record(self, run_id: str, case_key: str, backend: str, **fields: Any) -> int:
         """Set columns of the latest matching record (e.g. ALU figures); unknown keys are
         merged into extra_json. Returns the number of rows changed (0 or 1)."""
-        row = self.conn.execute(
+        found = self.conn.execute(
             "SELECT id, extra_json FROM records WHERE run_id=? AND case_key=? AND backend=? "
             "ORDER BY id DESC LIMIT 1",
             (run_id, case_key, backend),
         ).fetchone()
-        if row is None:
+        if found is None:
             return 0
-        rec_id, extra_text = row
+        rec_id, extra_text = found
         sets, extra = {}, json.loads(extra_text) if extra_text else {}
         for k, v in fields.items():
-            v = _jsonable(v)
-            if k in RECORD_COLUMNS and k not in ("run_id", "case_key", "backend", "extra_json"):
-                sets[k] = json.dumps(v, default=str) if isinstance(v, (dict, list)) else (
-                    int(v) if isinstance(v, bool) else v
-                )
+            if k in COLUMN_TYPES and k not in ("case_key", "backend"):
+                sets[k] = to_sql(v)
             else:
-                extra[k] = v
+                extra[k] = to_sql(v) if not isinstance(v, (dict, list)) else v
         if extra:
             sets["extra_json"] = json.dumps(extra, default=str)
         if not sets:
@@ -303,7 +265,7 @@ class ResultStore:
         if run_id is not None:
             query += " WHERE r.run_id = ?"
             params = (run_id,)
-        return pd.read_sql_query(query + " ORDER BY r.id", self.conn, params=params)
+        return migrate(pd.read_sql_query(query + " ORDER BY r.id", self.conn, params=params))
 
     def close(self) -> None:
         self.conn.close()
@@ -313,6 +275,57 @@ class ResultStore:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def migrate(df: pd.DataFrame) -> pd.DataFrame:
+    """Records of any older file in today's columns, on read: a column the file lacks is
+    there (empty), and a value an older writer kept in extra_json fills its column now."""
+    for name in RECORD_COLUMNS:
+        if name not in df:
+            df[name] = None
+    moved: dict[str, dict[Any, Any]] = {}
+    for i, text in df["extra_json"].items():
+        try:
+            extra = json.loads(text) if isinstance(text, str) and text else {}
+        except ValueError:
+            continue
+        for key, value in extra.items() if isinstance(extra, dict) else ():
+            if key in COLUMN_TYPES and _missing(df.at[i, key]):
+                moved.setdefault(key, {})[i] = json.dumps(value) if key in JSON_COLUMNS else value
+    for key, values in moved.items():
+        df[key] = df[key].astype(object)
+        for i, value in values.items():
+            df.at[i, key] = value
+    return df
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def _connect_readonly(path: Path, immutable: bool) -> sqlite3.Connection:
+    """A read-only connection that leaves the folder as it found it.
+
+    With no -wal file beside it, no writer has the file open and every commit is in the
+    file itself: it is read as immutable, so SQLite creates no -wal or -shm file either.
+    With one (a sweep is writing, or one was killed), it is read through the WAL. On a
+    read-only file system, where SQLite cannot open a WAL file for reading, it falls back
+    to immutable too.
+    """
+    if not path.is_file():
+        raise StoreError(f"results store {path} does not exist; run `foscar-bench sweep --db {path}` first, or pass --db.")
+    uri = path.resolve().as_uri()
+    quiet = immutable or not path.with_name(path.name + "-wal").exists()
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro" + ("&immutable=1" if quiet else ""), uri=True)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        if quiet:
+            raise
+    conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True)
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    return conn
 
 
 def record_key(case_key: str, backend: str) -> str:
@@ -344,11 +357,9 @@ def record_identity(row: dict) -> str:
 
 
 def _read_only(path: Path) -> sqlite3.Connection:
-    if not path.exists():
+    if not path.is_file():
         raise MergeError(f"{path} does not exist; give the stores written by each shard.")
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
-    con.row_factory = sqlite3.Row
-    return con
+    return _connect_readonly(path, immutable=False)
 
 
 def _parts(value: Any) -> list:

@@ -1,5 +1,7 @@
-"""Backends that exist only to test the harness; registered always, listed and swept only
-when FOSCAR_BENCH_TEST_BACKENDS=1 (or `sweep --test-backends`).
+"""Stand-in backends that exist only to test the harness. They are no part of the product:
+the harness's tests put them in the registry for one test at a time (the `doubles` fixture
+in tests/suite/conftest.py), and a sweep hands each worker its backend object, so the
+worker processes need no registration of their own.
 
 test-crash makes a real illegal memory access on the GPU, to prove that a case which kills
 its CUDA context is recorded `crashed` and the sweep goes on in a fresh worker. The others
@@ -8,11 +10,15 @@ a wrong answer, an output left unwritten.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
-from baselines.base import Backend, GpuInfo, Prepared, SourceKV, register
-from suite.cases import Case
+import pytest
+
+from baselines import base
+from baselines.base import Backend, GpuInfo, Prepared, SourceKV
+from core.case import Case
 
 
 def torch_attention(q, k, v, sm_scale: float):
@@ -29,7 +35,6 @@ def torch_attention(q, k, v, sm_scale: float):
 
 class _HarnessTestBackend(Backend):
     family = "test"
-    test_only = True
     needs_cuda = False
     bits = 16
     tolerance = 1e-2
@@ -52,7 +57,6 @@ class _HarnessTestBackend(Backend):
         )
 
 
-@register
 class StubBackend(_HarnessTestBackend):
     name = "test-stub"
     description = "stand-in: float32 torch attention over the BF16 source (CPU or GPU)"
@@ -61,7 +65,6 @@ class StubBackend(_HarnessTestBackend):
         return self._stub(case, source)
 
 
-@register
 class WrongBackend(_HarnessTestBackend):
     name = "test-wrong"
     description = "stand-in whose answer is 10% off: must be recorded `incorrect`, untimed"
@@ -70,7 +73,6 @@ class WrongBackend(_HarnessTestBackend):
         return self._stub(case, source, transform=lambda o: o * 1.1)
 
 
-@register
 class UnwrittenBackend(_HarnessTestBackend):
     name = "test-unwritten"
     description = "stand-in that never writes its output buffer: the poison must show"
@@ -83,7 +85,6 @@ class UnwrittenBackend(_HarnessTestBackend):
                         out=out)
 
 
-@register
 class RaisingBackend(_HarnessTestBackend):
     name = "test-raise"
     description = "stand-in whose prepare raises: recorded `crashed` with the error text"
@@ -92,19 +93,17 @@ class RaisingBackend(_HarnessTestBackend):
         raise RuntimeError("planted failure in prepare (test-raise)")
 
 
-@register
 class UnsupportedBackend(_HarnessTestBackend):
     name = "test-unsupported"
     description = "stand-in that supports nothing"
 
-    def supports(self, case: Case, gpu: GpuInfo | None) -> str | None:
+    def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
         return "test-unsupported supports no case, by design."
 
     def prepare(self, case: Case, source: SourceKV) -> Prepared:  # pragma: no cover
         raise AssertionError("prepare must not be called for an unsupported case")
 
 
-@register
 class ExitingBackend(_HarnessTestBackend):
     name = "test-exit"
     description = "stand-in whose first run kills its worker process (exit code 17)"
@@ -116,7 +115,6 @@ class ExitingBackend(_HarnessTestBackend):
         return Prepared(run=run, reference_kv=lambda idx: (source.k, source.v), bytes=1)
 
 
-@register
 class HangingBackend(_HarnessTestBackend):
     name = "test-hang"
     description = "stand-in whose run never returns: recorded `timeout`, worker replaced"
@@ -128,13 +126,12 @@ class HangingBackend(_HarnessTestBackend):
         return Prepared(run=run, reference_kv=lambda idx: (source.k, source.v), bytes=1)
 
 
-@register
 class CrashingBackend(_HarnessTestBackend):
     name = "test-crash"
     needs_cuda = True
     description = "makes an illegal memory access on the GPU (kills the CUDA context)"
 
-    def supports(self, case: Case, gpu: GpuInfo | None) -> str | None:
+    def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
         if gpu is None or gpu.sm == 0:
             return "test-crash needs a CUDA GPU to crash."
         return None
@@ -170,3 +167,17 @@ def illegal_access(device) -> None:
 
     _store_far[(1,)](x, 1 << 40)
     torch.cuda.synchronize(device)
+
+
+DOUBLES = (StubBackend, WrongBackend, UnwrittenBackend, RaisingBackend, UnsupportedBackend, ExitingBackend,
+           HangingBackend, CrashingBackend)
+
+
+@contextlib.contextmanager
+def registered():
+    """The stand-ins findable by name (as `sweep --backends test-stub` finds them) while open."""
+    base.all_backends()  # the real ones first, so their listing order stays theirs
+    with pytest.MonkeyPatch.context() as mp:
+        for cls in DOUBLES:
+            mp.setitem(base._REGISTRY, cls.name, cls())
+        yield

@@ -1,8 +1,8 @@
 """The byte model against hand-computed counts, one format at a time (decimal units)."""
 import pytest
 
-from suite import bytes_model as bm
-from suite.cases import Case
+from core import bytes_model as bm
+from core.case import Case
 
 # The paper point: B=128, KV=32768, 32 query / 8 KV heads, d=128, page 64.
 PAPER = dict(batch=128, kv_len=32768, num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=64)
@@ -97,13 +97,13 @@ def test_bad_formats():
 
 
 def test_traffic_for_case_and_backend():
+    from baselines.base import get_backend
+
     case = Case(batch=128, kv_len=32768, bits=4, group_size=128)
     assert bm.traffic_for_case(case, "int").kv_codes == 4_294_967_296
-
-    class FakeBackend:
-        kv_format = "nvfp4"
-
-    assert bm.traffic_for(FakeBackend(), case).kv_params == 536_870_912
+    assert bm.traffic_for_case(case, "nvfp4").kv_params == 536_870_912
+    nvfp4 = get_backend("flashinfer-nvfp4-tc")  # its declared kv_format, through the base class
+    assert nvfp4.traffic(nvfp4.case_for(case)).kv_params == 536_870_912
 
 
 def test_peaks():
@@ -121,7 +121,7 @@ def test_peaks():
 
 
 def test_datasheet_peak_matches_the_most_specific_name_first():
-    from suite.bytes_model import datasheet_peak_tbps
+    from core.bytes_model import datasheet_peak_tbps
 
     assert datasheet_peak_tbps("NVIDIA H200") == 4.8
     assert datasheet_peak_tbps("NVIDIA GH200 480GB") == 4.0

@@ -1,0 +1,148 @@
+// Hopper (sm_90a) primitives of the FOSCAR kernels: warpgroup MMA (wgmma) with the A operand
+// in registers and B in shared memory and its matrix descriptor, the bulk copy engine (TMA)
+// completing on mbarriers, named barriers, and register reallocation. On a host compiler
+// (FOSCAR_HOST_EMU) foscar_emu.h gives the same functions over host threads.
+//
+// Operand layouts (PTX ISA, "asynchronous warpgroup level matrix" section; scripts/probe_tc.py
+// checked them on the H200):
+//  - A (64 x 16, registers): warp w of the warpgroup holds rows 16w .. 16w + 15 in exactly
+//    the fragment layout of mma.sync.m16n8k16's A: a0 = (row g, cols 2t, 2t+1),
+//    a1 = (row g+8, same cols), a2 = (row g, cols 2t+8, 2t+9), a3 = (row g+8, cols 2t+8, +9),
+//    with g = lane / 4 and t = lane % 4.
+//  - D (64 x 8, registers): warp w holds rows 16w + g (d0, d1: cols 2t, 2t+1) and 16w + g + 8
+//    (d2, d3).
+//  - B (16 x 8, shared memory, K-major, no swizzle): two 8 x 8 "core matrices" side by side
+//    along K, each 128 contiguous bytes holding row n (the N index) as 8 consecutive K values
+//    (16 bytes). Element (k, n) of one B tile sits at byte (k / 8) * 128 + n * 16 + (k % 8) * 2.
+//    The descriptor's leading-dimension offset (LBO) is the distance between the two core
+//    matrices along K (128 bytes); the stride offset (SBO), the distance to the next 8 rows of
+//    N, is unused at N = 8 and set to 256.
+#pragma once
+
+#include <stdint.h>
+
+namespace foscar {
+
+// Byte offset of element (k, n) inside one 16 x 8 B tile (see above).
+__host__ __device__ constexpr int b_tile_offset(int k, int n) { return (k / 8) * 128 + n * 16 + (k % 8) * 2; }
+constexpr int kBTileBytes = 256;
+constexpr uint32_t kBTileLbo = 128, kBTileSbo = 256;
+
+__host__ __device__ __forceinline__ uint64_t b_tile_desc(uint32_t smem_addr) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(kBTileLbo >> 4) << 16) |
+         (static_cast<uint64_t>(kBTileSbo >> 4) << 32);
+}
+
+}  // namespace foscar
+
+#ifdef FOSCAR_HOST_EMU
+#include "foscar_emu.h"
+#else
+namespace foscar {
+
+// The CTA's dynamic shared memory.
+__device__ __forceinline__ uint8_t* dynamic_smem() {
+  extern __shared__ __align__(128) uint8_t smem_dynamic[];
+  return smem_dynamic;
+}
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- warpgroup MMA
+// Orders this thread's earlier register writes (A operands, accumulators) before the next
+// wgmma of the warpgroup reads them.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed groups of this warpgroup are still in flight.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// D (+)= A B for one m64n8k16 step; accumulate = false computes D = A B (no zeroing needed).
+// The "+f" constraints keep D's registers live and untouched while the operation is in flight.
+template <bool F16>
+__device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint64_t b_desc, bool accumulate) {
+  if constexpr (F16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+  }
+}
+
+// ---- mbarriers and the bulk copy engine
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
+}
+// Makes initialised barriers visible to the async proxy (the copy engine).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// Whether the barrier's phase of this parity has completed (a bounded wait in hardware).
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.b32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+// Global -> shared bulk copy completing on `bar`; `bytes` and both addresses multiples of 16.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy accesses
+// (a wgmma reading a B tile that threads just stored).
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// ---- named barriers among a subset of the CTA's warps
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// A named barrier that also returns whether `pred` held in any participating thread.
+__device__ __forceinline__ bool named_barrier_any(int id, int threads, bool pred) {
+  int any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.b32 p, %1, 0;\n"
+      "bar.red.or.pred q, %2, %3, p;\nselp.b32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(static_cast<int>(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
+
+// ---- register reallocation between warpgroups (the kernel has a register cap at entry)
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+
+}  // namespace foscar
+#endif

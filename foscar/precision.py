@@ -1,0 +1,237 @@
+"""What a kernel's V-side arithmetic does to the error of decode attention, modelled on a CPU.
+
+O^T = V^T P^T runs on the Tensor Cores, whose fp32 accumulation cuts every addend towards zero
+at the alignment of the largest (foscar/tcmodel.py). The K side and the softmax only see
+rounding errors of random sign; the V side, with codes injected as 128 + f c and positive
+probabilities, sees a cut of one sign, proportional to the running sum of the bias, and that
+error does not average out: relative to the output, which shrinks as 1/sqrt(context) for
+random data, it grows with the context. This module replays exactly that part:
+
+  p~ = bf16(p * s) (token-wise V) or bf16(p) (channel-wise V), from exact float64 p;
+  raw = the chain of MMAs over a kernel's token tiles, each step through the H200 model;
+  the fold of raw into the fp32 output at the kernel's flush points, exact;
+  the output rounded to bf16;
+
+and compares with float64 attention over the same dequantized cache. The K side is taken as
+exact, so the model is a lower bound of a kernel's error at short context, and tracks it where
+the V side dominates (tests/foscar/test_precision.py checks it against the H200).
+
+A kernel's arithmetic (`VArithmetic`) says what its A operands hold (bias + f c, or the centred
+f (c - mid)) and which tokens share one accumulator between two flushes (`chains`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from foscar import packing, tcmodel
+from foscar.cache import QuantizedKVCache, logical_view
+from foscar.config import QuantConfig
+
+TILE = 16  # tokens one MMA step contracts over (K of m16n8k16 / m64n8k16)
+
+# A chain plan: for one sequence of `n_tokens` packed tokens, the token tiles (16 tokens each)
+# that go into one accumulator between two flushes, as a list of int arrays [tiles, 16] of
+# token indices (a tile may be padded with -1 past the end).
+ChainPlan = Callable[[int, QuantConfig], list[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class VArithmetic:
+    name: str
+    centred: bool  # A = f (c - mid) (no bias); else A = 128 + f c
+    chains: ChainPlan
+    radix: tuple[int, ...] | None = None  # per-position factors of the V operand; None: the packing's
+
+
+def _tiles(tokens: np.ndarray) -> np.ndarray:
+    pad = (-len(tokens)) % TILE
+    return np.concatenate([tokens, -np.ones(pad, dtype=np.int64)]).reshape(-1, TILE)
+
+
+def v4_chains(num_sms: int = 132, warps: int = 8, kv_heads: int = 8, batch: int = 1) -> ChainPlan:
+    """v4 (commit cb0e876): split-KV units of max(64, G) tokens, dealt to 8 warps round-robin;
+    each warp folds its accumulator into fp32 every 8 chunks of 64 tokens (token-wise V) or
+    at each group's end (channel-wise V)."""
+    def plan(n_tokens: int, cfg: QuantConfig) -> list[np.ndarray]:
+        unit = max(64, cfg.group_size)
+        units = math.ceil(n_tokens / unit)
+        splits, per_split = _v4_plan_splits(batch, kv_heads, units, num_sms, warps)
+        chains = []
+        for split in range(splits):
+            u0 = split * per_split
+            u1 = units if split == splits - 1 else min(u0 + per_split, units)
+            for w in range(warps):
+                chunks = [np.arange(u * unit + c * 64, min(u * unit + (c + 1) * 64, n_tokens))
+                          for u in range(u0 + w, u1, warps) for c in range(unit // 64)]
+                chunks = [c for c in chunks if len(c)]
+                if cfg.v_mode == "token":
+                    for i in range(0, len(chunks), 8):
+                        chains.append(_tiles(np.concatenate(chunks[i : i + 8])))
+                else:  # a group's chunks are consecutive in a warp's list
+                    per_group = max(1, cfg.group_size // 64)
+                    for i in range(0, len(chunks), per_group):
+                        toks = np.concatenate(chunks[i : i + per_group])
+                        for g0 in range(0, len(toks), cfg.group_size):
+                            chains.append(_tiles(toks[g0 : g0 + cfg.group_size]))
+        return chains
+
+    return plan
+
+
+def _v4_plan_splits(batch: int, kv_heads: int, max_units: int, num_sms: int, warps: int) -> tuple[int, int]:
+    """v4's split planner (one CTA of 8 warps per SM; splits of whole units)."""
+    best = None
+    for splits in range(1, min(64, max(1, max_units)) + 1):
+        per_split = math.ceil(max_units / splits)
+        used = math.ceil(max_units / per_split)
+        cost = math.ceil(batch * kv_heads * used / num_sms) * (math.ceil(per_split / warps) + 0.5)
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, used, per_split)
+    return best[1], best[2]
+
+
+def sequential_chains(flush_tokens: int) -> ChainPlan:
+    """One accumulator per run of `flush_tokens` consecutive tokens (channel-wise V: per group,
+    whichever is shorter)."""
+
+    def plan(n_tokens: int, cfg: QuantConfig) -> list[np.ndarray]:
+        span = flush_tokens if cfg.v_mode == "token" else min(flush_tokens, cfg.group_size)
+        return [_tiles(np.arange(t0, min(t0 + span, n_tokens))) for t0 in range(0, n_tokens, span)]
+
+    return plan
+
+
+V4 = VArithmetic("v4: bf16 128 + f c, flushed every 8 chunks per warp", centred=False, chains=v4_chains())
+
+
+def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
+                 mma: tcmodel.MmaModel = tcmodel.H200_MMA, seq: int = 0,
+                 kv_heads: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(modelled output, float64 reference) of one sequence, [kv_heads, ratio, head_dim] each.
+
+    The cache must hold no BF16 tail for this sequence (a length that is a multiple of G)."""
+    cfg, dim = cache.config, cache.head_dim
+    view = logical_view(cache, seq)
+    if view.k_tail.shape[0]:
+        raise ValueError("model_output takes sequences without a BF16 tail (length a multiple of the group size).")
+    n = view.v_codes.shape[0]
+    heads = range(cache.num_kv_heads) if kv_heads is None else kv_heads
+    ratio = q.shape[1] // cache.num_kv_heads
+    f_ch = np.asarray(packing.channel_radix(cfg.bits, "v", dim), dtype=np.float64)
+    mid = (2**cfg.bits - 1) / 2
+    chains = arith.chains(n, cfg)
+    outs, refs = [], []
+    for h in heads:
+        k = _dequant(view.k_codes[:, h], view.k_params[:, h], cfg.k_mode, cfg.group_size)
+        codes = view.v_codes[:, h].numpy().astype(np.float64)  # [n, d]
+        s_v, z_v = _params(view.v_params[:, h], cfg.v_mode, cfg.group_size, n, dim)
+        qh = q[seq, h * ratio : (h + 1) * ratio].double().numpy()  # [r, d]
+        scores = qh @ k.T / math.sqrt(dim)  # [r, n]
+        p = np.exp(scores - scores.max())  # [r, n]
+        v = codes * s_v + z_v
+        ref = (p @ v) / p.sum(axis=1, keepdims=True)
+        # B operand per token: p~ = bf16(p s) (token-wise; one scale per token at G = head_dim)
+        if cfg.v_mode == "token":
+            if cfg.group_size != dim:
+                raise ValueError("the model folds token-wise V at group_size == head_dim only")
+            p_op = _bf16(p * s_v[:, 0][None, :])  # [r, n]
+            a_val = f_ch[None, :] * (codes - mid) if arith.centred else 128.0 + f_ch[None, :] * codes
+            raw = _run_chains(mma, chains, a_val, p_op)  # [d, r]
+            # Fold: raw / f, bias and offsets with the same rounded p~ (exact, fp32 in kernels).
+            s_safe = np.where(s_v[:, 0] != 0, s_v[:, 0], 1.0)  # a constant group: codes 0, any scale
+            off = z_v[:, 0] / s_safe + (mid if arith.centred else 0.0)  # [n]
+            o = raw / f_ch[:, None] + (p_op @ off)[None, :] - (0.0 if arith.centred else 128.0) * (
+                p_op.sum(axis=1)[None, :] / f_ch[:, None])
+        else:
+            # Channel-wise V: one chain per group (or part of one); its accumulator is folded
+            # with the group's scale and offset per channel and the chain's sum of p.
+            p_op = _bf16(p)
+            a_val = f_ch[None, :] * (codes - mid) if arith.centred else 128.0 + f_ch[None, :] * codes
+            firsts, raws = _run_chains(mma, chains, a_val, p_op, per_chain=True)  # [c], [c, d, r]
+            psum = np.stack([p_op[:, c[c >= 0]].sum(axis=1) for c in chains_in_order(chains, firsts)])  # [c, r]
+            s_g, z_g = s_v[firsts], z_v[firsts]  # [c, d]
+            bias = 0.0 if arith.centred else 128.0
+            centre = mid if arith.centred else 0.0
+            o = np.einsum("cd,cdr->dr", s_g / f_ch[None, :], raws - bias * psum[:, None, :]) + \
+                np.einsum("cd,cr->dr", z_g + s_g * centre, psum)
+        out = (o / p.sum(axis=1)[None, :]).T  # [r, d]
+        outs.append(_bf16(out))
+        refs.append(ref)
+    return np.stack(outs), np.stack(refs)
+
+
+def model_error(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic, **kw) -> float:
+    out, ref = model_output(q, cache, arith, **kw)
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def _run_chains(mma: tcmodel.MmaModel, chains: list[np.ndarray], a_val: np.ndarray, p_op: np.ndarray,
+                per_chain: bool = False):
+    """Every chain's accumulator, each MMA step through the model; chains of equal length run
+    together, vectorised. a_val [n, d] (A values per token and channel), p_op [r, n] (B values).
+
+    Returns the sum over chains [d, r], or with per_chain=True (first token of each chain [c],
+    accumulators [c, d, r]) in the order chains_in_order() gives."""
+    dim, ratio = a_val.shape[1], p_op.shape[0]
+    a_pad = np.concatenate([a_val, np.zeros((1, dim))])  # index -1: a zero token
+    p_pad = np.concatenate([p_op, np.zeros((ratio, 1))], axis=1)
+    firsts, accs = [], []
+    for idx in _by_length(chains):  # [chains, tiles, 16]
+        acc = np.zeros((idx.shape[0], dim, ratio))
+        for t in range(idx.shape[1]):
+            tok = idx[:, t]  # [chains, 16]
+            a = a_pad[tok].transpose(0, 2, 1)[:, :, None, :]  # [chains, d, 1, 16]
+            b = p_pad[:, tok].transpose(1, 0, 2)[:, None, :, :]  # [chains, 1, r, 16]
+            acc = mma.dot(acc, a, b)
+        firsts.append(idx[:, 0, 0])
+        accs.append(acc)
+    if not per_chain:
+        return sum(acc.sum(axis=0) for acc in accs)
+    return np.concatenate(firsts), np.concatenate(accs)
+
+
+def _by_length(chains: list[np.ndarray]) -> list[np.ndarray]:
+    by_len: dict[int, list[np.ndarray]] = {}
+    for c in chains:
+        by_len.setdefault(len(c), []).append(c)
+    return [np.stack(group) for _, group in sorted(by_len.items())]
+
+
+def chains_in_order(chains: list[np.ndarray], firsts: np.ndarray) -> list[np.ndarray]:
+    """The chains in the order _run_chains(per_chain=True) returns their accumulators."""
+    order = [c for group in _by_length(chains) for c in group]
+    assert all(c[0, 0] == f for c, f in zip(order, firsts))
+    return order
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    return tcmodel.operand_values(tcmodel.operand_bits(x, "bf16"), "bf16")
+
+
+def _params(params: torch.Tensor, mode: str, group: int, n: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, offset) broadcast to [n, d] (token-wise) or [n, d] per token's group (channel-wise)."""
+    p = params.double().numpy()
+    if mode == "token":  # [n, d/G, 2]
+        s = np.repeat(p[..., 0], group, axis=1)
+        z = np.repeat(p[..., 1], group, axis=1)
+    else:  # [n/G, d, 2]
+        s = np.repeat(p[..., 0], group, axis=0)[:n]
+        z = np.repeat(p[..., 1], group, axis=0)[:n]
+    return s, z
+
+
+def _dequant(codes: torch.Tensor, params: torch.Tensor, mode: str, group: int) -> np.ndarray:
+    n, dim = codes.shape
+    s, z = _params(params, mode, group, n, dim)
+    return codes.numpy().astype(np.float64) * s + z
+
+# The arithmetic of the kernels in foscar/csrc (v5): V codes centred in the operand,
+# f (c - mid), by one HADD2 per register after the injection; a work item's consecutive
+# 64-token chunks share one accumulator, folded every 8 chunks.
+V5 = VArithmetic("v5: bf16 f (c - mid), flushed every 8 chunks", centred=True, chains=sequential_chains(512))
+CURRENT = V5

@@ -1,0 +1,133 @@
+"""A CPU model of the Tensor Cores' fp32 accumulation, bit for bit (numpy, float64 inside).
+
+One MMA instruction computes, for every output element, d = c + sum_k a_k b_k over its K
+(16 for bf16/fp16 operands). The hardware does not round like IEEE fp32 arithmetic: each
+product is exact, the addends are aligned to the largest exponent among them and cut to a
+fixed number of bits (truncation: towards zero), the aligned values are summed exactly and
+the sum is rounded once to fp32 (Fasi, Higham, Mikaitis and Pranesh, "Numerical behavior of
+NVIDIA tensor cores", PeerJ CS 2021, describe this family on V100-A100). Which member the
+H200 implements - how many bits past fp32's 24 the alignment keeps, which exponent a product
+is aligned by, how the sum is rounded - was measured by scripts/probe_tc.py (H200_MMA below;
+the recorded outputs are docs/data/probe_tc_h200.npz, and tests/foscar/test_tcmodel.py
+replays them through the model bit for bit).
+
+Why it matters here: an operand built by mantissa injection carries a large constant bias
+(128 + c in bf16). A chain of MMAs over such operands accumulates a sum dominated by the
+bias, and cutting every addend towards zero relative to that sum loses a part of the signal
+that has one sign: it does not average out, so the relative error of decode attention grows
+with the context (docs/PERFORMANCE.md, "v4 at long context").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ROUNDINGS = ("rz", "rne")
+LEADS = ("operands", "product")
+_NONE = -(1 << 40)  # the leading exponent of a zero: below every real one
+
+
+@dataclass(frozen=True)
+class MmaModel:
+    """One member of the family.
+
+    extra_bits: bits kept past fp32's 24-bit significand, counted from the alignment point.
+    lead: the exponent a product is aligned by: "operands" is e_a + e_b (the product's
+        exponent before normalisation, so a product whose significands multiply to 2 or more
+        keeps one bit fewer), "product" its true leading exponent.
+    rounding: how the exact sum of the cut addends becomes fp32 ("rz": towards zero,
+        "rne": to nearest even).
+    The accumulator c is aligned together with the K products, by its own exponent.
+    """
+
+    extra_bits: int = 2
+    lead: str = "operands"
+    rounding: str = "rz"
+
+    def __post_init__(self) -> None:
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"rounding={self.rounding!r}; expected one of {ROUNDINGS}")
+        if self.lead not in LEADS:
+            raise ValueError(f"lead={self.lead!r}; expected one of {LEADS}")
+
+    @property
+    def name(self) -> str:
+        return f"e{self.extra_bits}-{self.lead}-{self.rounding}"
+
+    def dot(self, c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """c [...] plus sum_k a[..., k] b[..., k] as one MMA computes it (values, float64)."""
+        c = np.asarray(c, dtype=np.float64)
+        products = a * b  # exact: 8x8 or 11x11 significand bits fit a double
+        if self.lead == "operands":
+            lead_p = np.where(products != 0, _lead(a) + _lead(b), _NONE)
+        else:
+            lead_p = _lead(products)
+        e_max = np.maximum(lead_p.max(axis=-1), _lead(c))
+        e_max = np.where(e_max == _NONE, 0, e_max)
+        quantum = np.ldexp(1.0, e_max - 23 - self.extra_bits)
+        cut = np.trunc(products / quantum[..., None]).sum(axis=-1) + np.trunc(c / quantum)
+        return round_f32(cut * quantum, self.rounding)
+
+
+def _lead(x: np.ndarray) -> np.ndarray:
+    """Exponent of the leading bit of each value (int64); _NONE for zeros."""
+    _, exp = np.frexp(x)  # x = m 2^exp with 0.5 <= |m| < 1
+    return np.where(x != 0, exp.astype(np.int64) - 1, _NONE)
+
+
+def round_f32(x: np.ndarray, rounding: str) -> np.ndarray:
+    """float64 -> the nearest fp32 value (rne) or the fp32 value next towards zero (rz)."""
+    x = np.asarray(x, dtype=np.float64)
+    f = x.astype(np.float32)
+    if rounding == "rz":
+        over = np.abs(f.astype(np.float64)) > np.abs(x)
+        f = np.where(over, np.nextafter(f, np.float32(0)), f)
+    return f.astype(np.float64)
+
+
+def operand_values(bits: np.ndarray, dtype: str) -> np.ndarray:
+    """Raw 16-bit patterns (uint16) -> float64 values of a bf16 or fp16 operand."""
+    bits = np.asarray(bits, dtype=np.uint16)
+    if dtype == "bf16":
+        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if dtype == "fp16":
+        return bits.view(np.float16).astype(np.float64)
+    raise ValueError(f"dtype={dtype!r}; expected 'bf16' or 'fp16'")
+
+
+def operand_bits(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float values -> uint16 patterns, rounded to nearest (for making test operands)."""
+    values = np.asarray(values, dtype=np.float64)
+    if dtype == "fp16":
+        return values.astype(np.float16).view(np.uint16)
+    f = values.astype(np.float32).view(np.uint32)
+    rounded = f + 0x7FFF + ((f >> 16) & 1)  # round to nearest even on the top 16 bits
+    return (rounded >> 16).astype(np.uint16)
+
+
+def mma(model: MmaModel, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """D = A B + C for stacks of tiles: a [..., M, K], b [..., K, N], c [..., M, N] (values)."""
+    return model.dot(c, a[..., :, None, :], np.swapaxes(b, -1, -2)[..., None, :, :])
+
+
+def mma_chain(model: MmaModel, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The accumulator through a chain of MMAs: a [chains, steps, M, K], b [chains, steps, K, N]."""
+    d = np.asarray(c, dtype=np.float64)
+    for s in range(a.shape[1]):
+        d = mma(model, a[:, s], b[:, s], d)
+    return d
+
+
+def candidates() -> list[MmaModel]:
+    """The family members the probe's data is fitted against."""
+    return [MmaModel(extra_bits=e, lead=lead, rounding=rnd) for e in range(0, 7) for lead in LEADS for rnd in ROUNDINGS]
+
+
+# What scripts/probe_tc.py measured on the H200 (docs/PERFORMANCE.md, "the Tensor Cores'
+# arithmetic"); tests/foscar/test_tcmodel.py replays the recorded outputs through it.
+# All K = 16 products and the accumulator aligned at once to the largest of (e_a + e_b) and
+# c's exponent, 2 bits kept past fp32's 24, every addend cut towards zero, the sum cut
+# towards zero: bit-exact on every recorded output of mma.sync.m16n8k16 and wgmma.m64n8k16
+# (bf16 and fp16 operands, single instructions and chains of 8 in one commit group).
+H200_MMA = MmaModel(extra_bits=2, lead="operands", rounding="rz")

@@ -1,0 +1,70 @@
+"""scripts/kernel_lab.py measures through the harness: its command line, and one variant of
+our kernels measured by suite.runner.measure on the CPU (the emulator standing in for the
+GPU library), so the lab's "passed", bytes and p10 are the sweep's."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    spec = importlib.util.spec_from_file_location("kernel_lab", ROOT / "scripts" / "kernel_lab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_command_line(lab):
+    assert lab.parse_variant("cp=FOSCAR_BULK=0,FOSCAR_STAGES_INT2=2") == (
+        "cp", ("-DFOSCAR_BULK=0", "-DFOSCAR_STAGES_INT2=2"))
+    assert lab.parse_variant("v4=") == ("v4", ())
+    assert lab.parse_config("4ct") == (4, "channel", "token", "fold")
+    assert lab.parse_config("2tcd") == (2, "token", "channel", "dequant")
+    with pytest.raises(SystemExit, match="4ct"):
+        lab.parse_config("8xx")
+    args = lab.argparse.Namespace(batch=2, kv_len=300, q_heads=32, kv_heads=8, group=128, page=128)
+    case = lab.make_case(args, "2tc")
+    assert (case.bits, case.k_mode, case.v_mode, case.model, case.page_size) == (2, "token", "channel", "llama3-8b", 128)
+
+
+def test_a_variant_is_measured_by_the_harness(lab, monkeypatch):
+    """A FoscarVariant through suite.runner.measure: the library it names reaches
+    foscar.kernels.decode, the check uses the one tolerance, and the record carries the
+    harness's timing and byte-model bytes."""
+    import torch
+
+    from baselines.foscar import TOLERANCE, FoscarVariant
+    from core.case import Case
+    from core.gpu import GpuInfo
+    from foscar import emu, kernels
+    from foscar.build import BuildError
+    from suite.runner import WorkerContext, measure
+
+    try:
+        emu.find_cxx()
+    except BuildError:
+        pytest.skip("no host C++ compiler: the emulator cannot stand in for the GPU library")
+    seen = []
+
+    def decode_on_the_cpu(q, cache, *, sm_scale=None, out=None, variant="fold", library=None, num_splits=None):
+        seen.append(library)
+        return emu.decode(q, cache, sm_scale=sm_scale, out=out, variant=variant)
+
+    monkeypatch.setattr(kernels, "decode", decode_on_the_cpu)
+    backend = FoscarVariant("knobbed", 4, library="lib-of-this-build", defines=("-DFOSCAR_BULK=0",))
+    monkeypatch.setattr(backend, "needs_cuda", False)
+    case = Case(batch=1, kv_len=200, num_q_heads=4, num_kv_heads=1, page_size=128)
+    record, fatal = measure(case, backend, WorkerContext(device=torch.device("cpu"), gpu=GpuInfo.cpu()))
+    assert not fatal and record.status == "passed", record.reason
+    assert seen and set(seen) == {"lib-of-this-build"}
+    assert record.check.tolerance == TOLERANCE == backend.tolerance and record.check.rel_error <= TOLERANCE
+    assert record.traffic.bytes == backend.traffic(case).total
+    assert record.timing.timing_method == "cpu" and record.timing.p10_us <= record.timing.median_us
+    row = lab.lab_row("4ct", backend.name, 0, record)
+    assert row["variant"] == "knobbed" and row["status"] == "passed" and "traceback" not in row
+    lab.print_table([row])
