@@ -74,6 +74,7 @@ def emulate_quant(x: Any, bits: int, group: int, axis: str) -> Any:
 
 class _BitDecoding(Backend):
     family = "bitdecoding"
+    third_party = True
     quantized = True
     tolerance = 3e-2  # fp16 kernel (fp16 P and dequantized K/V) against its emulated quantizer
     kv_format = "int"

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.record import TIMED_STATUSES  # noqa: F401 - re-exported for the figures
+
 REFERENCE = "torch-ref"
 
-# Statuses that carry a time: `passed`, and `inaccurate` (a third-party baseline timed
-# although its accuracy check failed; drawn flagged). A record that failed the accuracy
-# gate is `incorrect` (untimed) or `inaccurate` (timed): plots draw both, never drop them.
-TIMED_STATUSES = ("passed", "inaccurate")
+# Statuses that carry a time (core.record): `passed`, and `inaccurate` (a third-party
+# baseline timed although its accuracy check failed; drawn flagged). A record that failed
+# the accuracy gate is `incorrect` (untimed) or `inaccurate` (timed): plots draw both.
 GATE_FAILED = ("incorrect", "inaccurate")
 FAILED_MARK = dict(marker="X", s=70, edgecolor="red", linewidth=1.3, zorder=7)
 FAILED_LABEL = "failed the accuracy gate, untimed (X on the axis, in the backend's colour)"

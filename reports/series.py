@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from core.record import TIMED_STATUSES
 from reports import noise
 from reports.plotting import kv_label
 
@@ -103,16 +104,19 @@ def pair(base: pd.DataFrame, head: pd.DataFrame, min_change: float) -> pd.DataFr
 
 
 def _verdict(row, min_change: float) -> tuple[str, float | None, float | None, str]:
+    """A status change, or the timing judgement when both sides carry a time (passed, or
+    `inaccurate`: a third-party baseline timed although its check failed)."""
     sb, sh = row["status_base"], row["status_head"]
     if pd.isna(sb):
         return "new", None, None, ""
     if pd.isna(sh):
         return "gone", None, None, ""
+    timed = sb in TIMED_STATUSES and sh in TIMED_STATUSES and row["median_us_base"] > 0 and row["median_us_head"] > 0
+    j = noise.judge(sample(row, "_base"), sample(row, "_head"), min_change) if timed else None
     if sb == "passed" and sh != "passed":
-        return f"now {sh}", None, None, ""
+        return (f"now {sh}", j.change, j.noise, f"timed: {j.verdict}") if j else (f"now {sh}", None, None, "")
     if sb != "passed" and sh == "passed":
         return "fixed", None, None, ""
-    if sb != "passed" or not (row["median_us_base"] > 0 and row["median_us_head"] > 0):
+    if j is None:
         return "not timed", None, None, ""
-    j = noise.judge(sample(row, "_base"), sample(row, "_head"), min_change)
     return j.verdict, j.change, j.noise, j.reason

@@ -13,9 +13,9 @@ import typer
 CORE_FIELDS = (
     "run_id", "backend", "family", "batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim",
     "bits", "k_mode", "v_mode", "group_size", "page_size", "model", "gpu_name", "gpu_uuid", "status",
-    "reason", "median_us", "p10_us", "p90_us", "n_samples", "bytes", "eff_bandwidth_tbps",
+    "reason", "median_us", "p10_us", "p90_us", "n_samples", "spread", "bytes", "eff_bandwidth_tbps",
     "frac_peak_bus", "frac_peak_datasheet", "frac_read_ceiling", "rel_error", "quant_rel_error",
-    "l2_policy", "throttled", "case_key", "started_at", "git_sha", "git_dirty",
+    "l2_policy", "l2_verdict", "throttled", "build_s", "reproducer", "case_key", "started_at", "git_sha", "git_dirty",
 )
 
 
