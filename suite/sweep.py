@@ -20,7 +20,8 @@ from core.record import GpuFields, Record
 from core.store import ResultStore, record_key
 from suite.runner import new_record
 
-CASE_TIMEOUT_S = 900.0  # FlashInfer may JIT-compile a kernel on its first case
+CASE_TIMEOUT_S = 900.0  # a case's own work: prepare, check, timing (its kernels are built before)
+BUILD_TIMEOUT_S = 1800.0  # building or loading a backend's kernels (a FlashInfer JIT compile)
 START_TIMEOUT_S = 600.0  # a worker's start: CUDA init plus the read-ceiling kernel
 MAX_START_FAILURES = 3
 
@@ -43,7 +44,8 @@ class Slot:
     proc: Any = None
     task_q: Any = None
     item: Item | None = None
-    started_at: float | None = None
+    building_since: float | None = None  # its worker is building the item's kernels
+    started_at: float | None = None  # the item's own timer (after the build)
     hello: dict | None = None
     start_failures: int = 0
     disabled: str | None = None
@@ -59,6 +61,7 @@ class Slot:
 class SweepOptions:
     devices: list[str]
     case_timeout_s: float = CASE_TIMEOUT_S
+    build_timeout_s: float = BUILD_TIMEOUT_S
     read_ceiling: bool = True
     log_dir: str | None = None
 
@@ -186,7 +189,7 @@ class Sweep:
         item = self._next_item(slot)
         if item is None:
             return
-        slot.item, slot.started_at = item, None
+        slot.item, slot.started_at, slot.building_since = item, None, None
         slot.last_shape = item.case.shape_key
         slot.task_q.put((item.item_id, item.case, item.backend))
 
@@ -237,9 +240,12 @@ class Sweep:
         elif kind == "start_failed":
             slot.last_error = msg[2]
             self.on_status(f"worker on device {slot.device} could not start: {msg[2]}")
+        elif kind == "building":
+            if slot.item is not None and slot.item.item_id == msg[2]:
+                slot.building_since = time.time()
         elif kind == "start":
             if slot.item is not None and slot.item.item_id == msg[2]:
-                slot.started_at = time.time()
+                slot.started_at, slot.building_since = time.time(), None
         elif kind == "record":
             item = slot.item
             # Only the record of the item this slot's worker holds counts: a late record from
@@ -248,7 +254,7 @@ class Sweep:
                 if len(msg) > 4 and msg[4]:
                     slot.retiring = True
                 self._write(item, msg[3], slot)
-                slot.item, slot.started_at = None, None
+                slot.item, slot.started_at, slot.building_since = None, None, None
 
     def _watch(self) -> None:
         now = time.time()
@@ -288,6 +294,16 @@ class Sweep:
                     self.pending.appendleft(slot.item)
                     slot.item = None
                 self._restart(slot)
+                continue
+            if slot.item is not None and slot.building_since is not None:
+                if now - slot.building_since > self.options.build_timeout_s:
+                    item = slot.item
+                    self._stop(slot, kill=True)
+                    reason = (f"its kernels were still building after {self.options.build_timeout_s:.0f} s "
+                              "(before the case's own timer); the worker was killed and replaced")
+                    self._write(item, self._lost(item, "timeout", reason, slot), slot)
+                    slot.item, slot.building_since = None, None
+                    self._restart(slot)
                 continue
             if slot.item is not None and slot.started_at is not None:
                 if now - slot.started_at > self.options.case_timeout_s:

@@ -65,7 +65,7 @@ def worker_main(slot: int, device_spec: str, task_q: Any, result_q: Any, opts: d
     _redirect_output(opts.get("log_path"))
     try:
         ctx = make_context(device_spec, opts)
-        from suite.runner import gpu_fields, measure, new_record
+        from suite.runner import gpu_fields, measure, new_record, warm_up
     except BaseException as exc:  # noqa: BLE001
         traceback.print_exc()
         result_q.put(("start_failed", slot, f"{type(exc).__name__}: {exc}"))
@@ -80,10 +80,19 @@ def worker_main(slot: int, device_spec: str, task_q: Any, result_q: Any, opts: d
         if task is None:
             break
         item_id, case, backend = task
-        result_q.put(("start", slot, item_id))
         print(f"[worker {slot}] {backend.name} {case.key}", flush=True)
+        # Kernels are built or loaded before the case's timer starts (the parent gives the
+        # build a timeout of its own): a JIT compile is not a hang.
+        result_q.put(("building", slot, item_id))
+        try:
+            build_s = warm_up(case, backend, ctx)
+        except BaseException:  # noqa: BLE001 - warm_up should not raise; the case will say why
+            traceback.print_exc()
+            build_s = None
+        result_q.put(("start", slot, item_id))
         try:
             record, fatal = measure(case, backend, ctx)
+            record.build_s = build_s
         except BaseException as exc:  # noqa: BLE001 - measure() should not raise; be safe
             traceback.print_exc()
             record, fatal = new_record(case, backend, gpu_fields(ctx)), True

@@ -54,7 +54,8 @@ def register(app: typer.Typer) -> None:
         run_id: Optional[str] = typer.Option(None, "--run-id", help="Name the run (e.g. one id for every shard of a job array); continues it if the store already holds it with the same settings."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cases and exit."),
         list_backends: bool = typer.Option(False, "--list-backends", help="List backends and whether they can run here."),
-        case_timeout: float = typer.Option(900.0, "--case-timeout", help="Seconds before a case is recorded `timeout`."),
+        case_timeout: float = typer.Option(900.0, "--case-timeout", help="Seconds before a case is recorded `timeout` (its kernels' build is timed apart)."),
+        build_timeout: float = typer.Option(1800.0, "--build-timeout", help="Seconds a backend may take to build or load its kernels (a JIT compile) before its first case."),
         read_ceiling: bool = typer.Option(True, "--read-ceiling/--no-read-ceiling", help="Measure the streaming-read ceiling once per GPU."),
         cpu: bool = typer.Option(False, "--cpu", hidden=True, help="Run workers on the CPU (tests the harness only)."),
         progress: bool = typer.Option(True, "--progress/--no-progress"),
@@ -133,7 +134,8 @@ def register(app: typer.Typer) -> None:
             f"run {run_id}: {len(items)} items ({len({i.case.key for i in items})} cases x backends) "
             f"on {', '.join('cpu' if d == 'cpu' else 'cuda:' + d for d in devices)}; store {db}"
         )
-        options = SweepOptions(devices=devices, case_timeout_s=case_timeout, read_ceiling=read_ceiling and not cpu,
+        options = SweepOptions(devices=devices, case_timeout_s=case_timeout, build_timeout_s=build_timeout,
+                               read_ceiling=read_ceiling and not cpu,
                                log_dir=str(log_dir))
         try:
             outcome = run_sweep(store=store, run_id=run_id, items=items, options=options, console=console, progress=progress)
