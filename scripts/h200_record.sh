@@ -6,7 +6,9 @@
 #   STAGES="full" RESUME=<run id> bash scripts/h200_record.sh  the full grid, resumable
 #   STAGES="ceiling nvfp4" bash scripts/h200_record.sh       the searched read ceiling; FlashInfer NVFP4 vs its own timer
 #   STAGES="bdbuild bdprobe" bash scripts/h200_record.sh     build BitDecoding (carried in .bitdecoding/), probe INT4/INT2
-# With .bitdecoding/build present (bdbuild), `paper` times BitDecoding too.
+# With .bitdecoding/build present (bdbuild), `paper` times BitDecoding too. CEILING=<json> (a
+# `ceiling` stage's ceiling.json; set for the rest of the call by that stage) lets `paper` and
+# `full` reuse it instead of searching again.
 # Everything lands in $OUT/record.tar.gz (the call brings back at most 8 files) and the log
 # in $OUT/record.log. The device copy has no .git: pass FOSCAR_GIT_SHA=<commit> for the store.
 # The FlashInfer wheels travel in .whl (scripts/../shared/gpu/wheelhouse.sh fills it).
@@ -43,17 +45,18 @@ for stage in $STAGES; do
         VARIANTS="v4=" PROFILE=v4 CONFIGS=4ct,2ct OUT="$W/ncu" LAB_TIMEOUT=120 bash scripts/h200_lab.sh 2>&1 \
             | grep -E "Duration|Issued Warp|Eligible|Warp Cycles" | tee -a "$LOG" ;;
     paper)
-        timeout 420 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" \
-            --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
+        timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" \
+            ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
     alu)
         RUN=$(python3 -c "from core.store import ResultStore; print(ResultStore('$W/paper.sqlite', readonly=True).latest_run())")
         timeout 240 python3 -m suite alu -b foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2,flashinfer-bf16-tc,trtllm-xqa-fp8 \
             --batch 128 --kv-len 32768 --iters 2 --run "$RUN" --db "$W/paper.sqlite" --json-out "$W/alu.json" 2>&1 | tail -16 | tee -a "$LOG" ;;
     full)
         timeout 540 python3 -m suite sweep --preset full --backends "$BACKENDS_FULL" --db "$W/full.sqlite" \
-            ${RESUME:+--resume "$RESUME"} --no-progress 2>&1 | tail -20 | tee -a "$LOG" ;;
+            ${RESUME:+--resume "$RESUME"} ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -20 | tee -a "$LOG" ;;
     ceiling)  # the read ceiling, searched over kernels and launch shapes, with its spread
-        timeout 300 python3 -m suite ceiling --json "$W/ceiling.json" 2>&1 | tail -14 | tee -a "$LOG" ;;
+        timeout 300 python3 -m suite ceiling --json "$W/ceiling.json" 2>&1 | tail -14 | tee -a "$LOG"
+        [[ -s "$W/ceiling.json" ]] && export CEILING=${CEILING:-$W/ceiling.json} ;;  # later stages reuse it
     nvfp4)  # flashinfer-nvfp4-tc against FlashInfer's own timer and benchmark configuration
         timeout 540 python3 scripts/flashinfer_nvfp4_check.py --json "$W/nvfp4_check.json" 2>&1 | tail -10 | tee -a "$LOG" ;;
     bdbuild)  # BitDecoding's extension for sm_90 (about 2.5 minutes); kept in .bitdecoding/build

@@ -63,6 +63,7 @@ class SweepOptions:
     case_timeout_s: float = CASE_TIMEOUT_S
     build_timeout_s: float = BUILD_TIMEOUT_S
     read_ceiling: bool = True
+    ceiling: dict | None = None  # a read ceiling measured before (`foscar-bench ceiling --json`)
     log_dir: str | None = None
 
 
@@ -103,7 +104,7 @@ class Sweep:
         self.results = self.ctx.Queue()
         self.slots = [Slot(i, d) for i, d in enumerate(options.devices)]
         self.outcome = SweepOutcome(run_id)
-        self.known_ceilings: dict[str, dict] = {}
+        self.known_ceilings: dict[str, dict] = {d: options.ceiling for d in options.devices if options.ceiling}
         self.requeued: set[int] = set()
 
     # --- workers ------------------------------------------------------------------------

@@ -46,6 +46,8 @@ def make_context(device_spec: str, opts: dict[str, Any]):
     gpu = GpuInfo.from_torch(index, env)
     ctx = WorkerContext(device=torch.device("cuda", index), gpu=gpu, gpu_env=env, nvml=nv, nvml_handle=handle)
     ceiling = opts.get("known_ceilings", {}).get(device_spec)
+    if ceiling and ceiling.get("gpu_name") not in (None, gpu.name):
+        ceiling = None  # measured on another GPU model: measure this one
     if ceiling is None and opts.get("read_ceiling", True):
         from suite.readceiling import measure_read_ceiling
 

@@ -2,6 +2,7 @@
 each against the float64 reference, time it, and store the records."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -57,6 +58,7 @@ def register(app: typer.Typer) -> None:
         case_timeout: float = typer.Option(900.0, "--case-timeout", help="Seconds before a case is recorded `timeout` (its kernels' build is timed apart)."),
         build_timeout: float = typer.Option(1800.0, "--build-timeout", help="Seconds a backend may take to build or load its kernels (a JIT compile) before its first case."),
         read_ceiling: bool = typer.Option(True, "--read-ceiling/--no-read-ceiling", help="Measure the streaming-read ceiling once per GPU."),
+        ceiling_from: Optional[Path] = typer.Option(None, "--ceiling-from", help="Use the read ceiling a `foscar-bench ceiling --json F` run measured on this GPU model instead of searching again."),
         cpu: bool = typer.Option(False, "--cpu", hidden=True, help="Run workers on the CPU (tests the harness only)."),
         progress: bool = typer.Option(True, "--progress/--no-progress"),
     ) -> None:
@@ -134,8 +136,16 @@ def register(app: typer.Typer) -> None:
             f"run {run_id}: {len(items)} items ({len({i.case.key for i in items})} cases x backends) "
             f"on {', '.join('cpu' if d == 'cpu' else 'cuda:' + d for d in devices)}; store {db}"
         )
+        ceiling = None
+        if ceiling_from:
+            try:
+                ceiling = json.loads(ceiling_from.read_text())
+            except (OSError, ValueError) as exc:
+                typer.echo(f"--ceiling-from {ceiling_from}: not a ceiling JSON ({exc}); write one with "
+                           "`foscar-bench ceiling --json F`.", err=True)
+                raise typer.Exit(2)
         options = SweepOptions(devices=devices, case_timeout_s=case_timeout, build_timeout_s=build_timeout,
-                               read_ceiling=read_ceiling and not cpu,
+                               read_ceiling=read_ceiling and not cpu, ceiling=ceiling,
                                log_dir=str(log_dir))
         try:
             outcome = run_sweep(store=store, run_id=run_id, items=items, options=options, console=console, progress=progress)

@@ -71,3 +71,12 @@ def test_ceiling_command_says_no_gpu_in_one_line(monkeypatch):
     monkeypatch.setattr(suite.envinfo, "visible_gpu_count", lambda: 0)
     res = CliRunner().invoke(app, ["ceiling"])
     assert res.exit_code == 1 and len(res.output.strip().splitlines()) == 1
+
+
+def test_a_ceiling_measured_before_is_reused_on_the_same_gpu_model_only():
+    from suite.sweep import Sweep, SweepOptions
+
+    ceiling = {"read_ceiling_tbps": 4.6, "spread": 0.004, "gpu_name": "NVIDIA H200"}
+    sweep = Sweep(store=None, run_id="r", items=[], options=SweepOptions(devices=["0", "1"], ceiling=ceiling))
+    assert sweep.known_ceilings == {"0": ceiling, "1": ceiling}
+    assert Sweep(store=None, run_id="r", items=[], options=SweepOptions(devices=["0"])).known_ceilings == {}
