@@ -6,9 +6,10 @@
 #   STAGES="full" RESUME=<run id> bash scripts/h200_record.sh  the full grid, resumable
 #   STAGES="ceiling nvfp4" bash scripts/h200_record.sh       the searched read ceiling; FlashInfer NVFP4 vs its own timer
 #   STAGES="bdbuild bdprobe" bash scripts/h200_record.sh     build BitDecoding (carried in .bitdecoding/), probe INT4/INT2
-# With .bitdecoding/build present (bdbuild), `paper` times BitDecoding too. CEILING=<json> (a
-# `ceiling` stage's ceiling.json; set for the rest of the call by that stage) lets `paper` and
-# `full` reuse it instead of searching again.
+# With .bitdecoding/build present (bdbuild), `paper` times BitDecoding too. The `ceiling`
+# stage keeps its result in .foscar-cache/ceiling.json, and `paper` and `full` (in this call
+# or a later one on the same machine) reuse it instead of searching again; CEILING=<json>
+# names another.
 # Everything lands in $OUT/record.tar.gz (the call brings back at most 8 files) and the log
 # in $OUT/record.log. The device copy has no .git: pass FOSCAR_GIT_SHA=<commit> for the store.
 # The FlashInfer wheels travel in .whl (scripts/../shared/gpu/wheelhouse.sh fills it).
@@ -31,7 +32,9 @@ LAB_VARIANTS="v4= v4kf16high=FOSCAR_KF16_HIGH=1 v4w12=FOSCAR_WARPS_INT2=12 v4chu
 BACKENDS_PAPER=flashinfer-bf16-tc,flashinfer-bf16,flashinfer-fp8,trtllm-xqa-fp8,flashinfer-nvfp4-tc,trtllm-nvfp4,bitdecoding-int4,bitdecoding-int2,foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2
 BACKENDS_FULL=flashinfer-bf16-tc,trtllm-xqa-fp8,foscar-int4,foscar-int2
 
+[[ -z "${CEILING:-}" && -s "$FOSCAR_CACHE_DIR/ceiling.json" ]] && CEILING=$FOSCAR_CACHE_DIR/ceiling.json
 for stage in $STAGES; do
+    [[ -z "${CEILING:-}" && -s "$FOSCAR_CACHE_DIR/ceiling.json" ]] && CEILING=$FOSCAR_CACHE_DIR/ceiling.json
     echo "== $stage $(date -u +%T) $(smi)" | tee -a "$LOG"
     case $stage in
     tests)  # the kernels' and the harness's GPU tests, default build
@@ -56,7 +59,8 @@ for stage in $STAGES; do
             ${RESUME:+--resume "$RESUME"} ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -20 | tee -a "$LOG" ;;
     ceiling)  # the read ceiling, searched over kernels and launch shapes, with its spread
         timeout 300 python3 -m suite ceiling --json "$W/ceiling.json" 2>&1 | tail -14 | tee -a "$LOG"
-        [[ -s "$W/ceiling.json" ]] && export CEILING=${CEILING:-$W/ceiling.json} ;;  # later stages reuse it
+        # later stages, and later calls on the same machine, reuse it
+        [[ -s "$W/ceiling.json" ]] && mkdir -p "$FOSCAR_CACHE_DIR" && cp "$W/ceiling.json" "$FOSCAR_CACHE_DIR/ceiling.json" ;;
     nvfp4)  # flashinfer-nvfp4-tc against FlashInfer's own timer and benchmark configuration
         timeout 540 python3 scripts/flashinfer_nvfp4_check.py --json "$W/nvfp4_check.json" 2>&1 | tail -10 | tee -a "$LOG" ;;
     bdbuild)  # BitDecoding's extension for sm_90 (about 2.5 minutes); kept in .bitdecoding/build
