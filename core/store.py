@@ -86,7 +86,7 @@ class ResultStore:
         self.readonly = readonly
         try:
             if readonly:
-                self.conn = _connect_readonly(self.path, immutable)
+                self.conn = connect_readonly(self.path, immutable)
                 self._check_version()
             else:
                 if str(self.path) != ":memory:":
@@ -303,7 +303,7 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and value != value)
 
 
-def _connect_readonly(path: Path, immutable: bool) -> sqlite3.Connection:
+def connect_readonly(path: Path, immutable: bool) -> sqlite3.Connection:
     """A read-only connection that leaves the folder as it found it.
 
     With no -wal file beside it, no writer has the file open and every commit is in the
@@ -359,7 +359,7 @@ def record_identity(row: dict) -> str:
 def _read_only(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise MergeError(f"{path} does not exist; give the stores written by each shard.")
-    return _connect_readonly(path, immutable=False)
+    return connect_readonly(path, immutable=False)
 
 
 def _parts(value: Any) -> list:

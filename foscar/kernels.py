@@ -121,8 +121,6 @@ def unsupported_reason(num_q_heads: int, num_kv_heads: int, head_dim: int, confi
                 "1 to 8 query heads per KV head")
     if config.param_dtype != "fp16":
         return f"param_dtype={config.param_dtype!r}: the kernels read fp16 scales and offsets"
-    if config.page_size % CHUNK_TOKENS:
-        return f"page_size={config.page_size} is not a multiple of {CHUNK_TOKENS}"
     if variant == "dequant" and (config.k_mode, config.v_mode) != ("channel", "token"):
         return "the dequantize-first ablation is built for K channel-wise, V token-wise only"
     if device is not None:

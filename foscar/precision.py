@@ -45,7 +45,21 @@ class VArithmetic:
     name: str
     centred: bool  # A = f (c - mid) (no bias); else A = 128 + f c
     chains: ChainPlan
-    radix: tuple[int, ...] | None = None  # per-position factors of the V operand; None: the packing's
+    # The radix factor of each channel's V operand, from (bits, head_dim); None: the layout of
+    # foscar/packing.py (the kernels in the tree).
+    radix: Callable[[int, int], np.ndarray] | None = None
+
+    def channel_radix(self, bits: int, dim: int) -> np.ndarray:
+        if self.radix is not None:
+            return self.radix(bits, dim)
+        return np.asarray(packing.channel_radix(bits, "v", dim), dtype=np.float64)
+
+
+def v4_radix(bits: int, dim: int) -> np.ndarray:
+    """v4's V operands: bf16 codes read at factors 1, 4, 16, 1, 4, 16, 1, 4 (INT2) or 1 (INT4),
+    channel d at position (d // 8) % P."""
+    factors = [1, 4, 16, 1, 4, 16, 1, 4] if bits == 2 else [1, 1, 1, 1]
+    return np.array([factors[(d // 8) % (16 // bits)] for d in range(dim)], dtype=np.float64)
 
 
 def _tiles(tokens: np.ndarray) -> np.ndarray:
@@ -106,7 +120,8 @@ def sequential_chains(flush_tokens: int) -> ChainPlan:
     return plan
 
 
-V4 = VArithmetic("v4: bf16 128 + f c, flushed every 8 chunks per warp", centred=False, chains=v4_chains())
+V4 = VArithmetic("v4: bf16 128 + f c, flushed every 8 chunks per warp", centred=False, chains=v4_chains(),
+                 radix=v4_radix)
 
 
 def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
@@ -122,7 +137,7 @@ def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
     n = view.v_codes.shape[0]
     heads = range(cache.num_kv_heads) if kv_heads is None else kv_heads
     ratio = q.shape[1] // cache.num_kv_heads
-    f_ch = np.asarray(packing.channel_radix(cfg.bits, "v", dim), dtype=np.float64)
+    f_ch = arith.channel_radix(cfg.bits, dim)
     mid = (2**cfg.bits - 1) / 2
     chains = arith.chains(n, cfg)
     outs, refs = [], []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports import accuracy, captions, html, paper, roofline, scaling, tables
+from reports import accuracy, captions, e2e, html, paper, roofline, scaling, tables
 from reports.gpu import above_ceiling, gpu_facts
 from reports.plotting import save
 from reports.source import Results, latest_per_case
@@ -57,6 +57,7 @@ def build_report(results: Results, out_dir: Path, title: str = "FOSCAR decode-at
     for gpu in sorted(records["gpu_name"].unique()):
         _gpu_sections(page, records[records["gpu_name"] == gpu], gpu, results)
     _accuracy_section(page, records)
+    e2e.section(page, results)  # its own tables in the same store (foscar-bench e2e)
     page.body.append(html.heading("Record status", "status"))
     page.table(tables.status_table(records), "Records per backend and status, with the first reason given.")
     shutil.copyfile(paper.PAPER_CSV, out_dir / "paper_reference.csv")

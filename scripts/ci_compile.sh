@@ -20,6 +20,7 @@ print(f"libfoscar.so built for sm_90a: {len(r.resources)} kernels, {len(spills)}
 for k in spills:
     print(f"  spill: {k.name} ({k.spill_store_bytes} B stored, {k.spill_load_bytes} B loaded)")
 PY
-# The precision probe is a standalone CUDA program: keep it compiling.
-nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 scripts/probe_mma_precision.cu -o "${TMPDIR:-/tmp}/foscar_probe_mma"
-echo "scripts/probe_mma_precision.cu compiles"
+# The Tensor Core probe (scripts/probe_tc.py builds it on the GPU box): keep it compiling.
+nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 -shared -Xcompiler -fPIC -I foscar/csrc \
+    scripts/probe_tc.cu -o "${TMPDIR:-/tmp}/foscar_probe_tc.so"
+echo "scripts/probe_tc.cu compiles"

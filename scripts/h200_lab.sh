@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of kernel experiments: time variants (scripts/kernel_lab.py), then profile
 # the named ones under ncu (stall reasons per SASS instruction), all under $OUT.
-#   VARIANTS="base= bulk=FOSCAR_BULK=1" PROFILE="base" CONFIGS=4ct,2ct bash scripts/h200_lab.sh
+#   VARIANTS="base= c2=FOSCAR_CTAS_INT4=2" PROFILE="base" CONFIGS=4ct,2ct bash scripts/h200_lab.sh
 # Optional: TESTS="tests/foscar/test_kernels_gpu.py" runs those GPU tests first; PROBE=1 runs
-# scripts/probe_mma_precision.cu; PROFILE_CONFIGS limits what ncu profiles.
+# scripts/probe_tc.py (the Tensor Cores' arithmetic); PROFILE_CONFIGS limits what ncu profiles.
 # Libraries built here beforehand travel in .foscar-cache (FOSCAR_CACHE_DIR); a key that
 # does not match the box's nvcc rebuilds there.
 set -uo pipefail
@@ -16,9 +16,8 @@ vargs=(); for v in $VARIANTS; do vargs+=(--variant "$v"); done
 smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv,noheader; }
 LOG=$OUT/lab.log
 smi | tee "$LOG"
-if [[ -n "${PROBE:-}" ]]; then  # mma.sync accumulation precision (docs/PERFORMANCE.md, v3)
-    nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 scripts/probe_mma_precision.cu -o /tmp/probe \
-        && /tmp/probe 2>&1 | tee -a "$LOG" | tail -12
+if [[ -n "${PROBE:-}" ]]; then  # the Tensor Cores' arithmetic (docs/PERFORMANCE.md, v5)
+    python3 scripts/probe_tc.py run --out "$OUT/probe_tc.npz" 2>&1 | tee -a "$LOG" | tail -32
 fi
 if [[ -n "${TESTS:-}" ]]; then  # the kernels' GPU tests, default build
     timeout 240 python3 -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee -a "$LOG" | grep -E "passed|failed|Error|seed=" | head -30

@@ -28,7 +28,7 @@ if [[ -d .bitdecoding/build ]]; then export PYTHONPATH=$PWD/.bitdecoding/build:$
 smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv,noheader; }
 echo "== start $(date -u +%FT%TZ) stages: $STAGES; $(smi)" | tee "$LOG"
 
-LAB_VARIANTS="v4= v4kf16high=FOSCAR_KF16_HIGH=1 v4w12=FOSCAR_WARPS_INT2=12 v4chunkring=FOSCAR_UNIT_STAGING=0 v4cp=FOSCAR_BULK=0"
+LAB_VARIANTS="v5= c2=FOSCAR_CTAS_INT4=2,FOSCAR_CTAS_INT2=2 deep=FOSCAR_STAGES_INT4=6,FOSCAR_STAGES_INT2=8"
 BACKENDS_PAPER=flashinfer-bf16-tc,flashinfer-bf16,flashinfer-fp8,trtllm-xqa-fp8,flashinfer-nvfp4-tc,trtllm-nvfp4,bitdecoding-int4,bitdecoding-int2,foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2
 BACKENDS_FULL=flashinfer-bf16-tc,trtllm-xqa-fp8,foscar-int4,foscar-int2
 
@@ -42,10 +42,10 @@ for stage in $STAGES; do
             tests/foscar/test_cache_gpu.py tests/suite/test_gpu.py 2>&1 | tee "$W/pytest_gpu.txt" | tail -15 | tee -a "$LOG" ;;
     lab)    # build variants, check each at the headline shape, time them interleaved; then every mode
         VARIANTS="$LAB_VARIANTS" CONFIGS=4ct,2ct OUT="$W/lab" LAB_TIMEOUT=200 bash scripts/h200_lab.sh 2>&1 | tail -14 | tee -a "$LOG"
-        VARIANTS="v4=" CONFIGS=4tt,4tc,4cc,2tt,2tc,2cc,4ctd,2ctd OUT="$W/modes" LAB_TIMEOUT=200 \
+        VARIANTS="v5=" CONFIGS=4tt,4tc,4cc,2tt,2tc,2cc,4ctd,2ctd OUT="$W/modes" LAB_TIMEOUT=200 \
             bash scripts/h200_lab.sh 2>&1 | tail -12 | tee -a "$LOG" ;;
     profile)  # stall reasons per SASS instruction, the default build at the headline shape
-        VARIANTS="v4=" PROFILE=v4 CONFIGS=4ct,2ct OUT="$W/ncu" LAB_TIMEOUT=120 bash scripts/h200_lab.sh 2>&1 \
+        VARIANTS="v5=" PROFILE=v5 CONFIGS=4ct,2ct OUT="$W/ncu" LAB_TIMEOUT=120 bash scripts/h200_lab.sh 2>&1 \
             | grep -E "Duration|Issued Warp|Eligible|Warp Cycles" | tee -a "$LOG" ;;
     paper)
         timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" \

@@ -71,7 +71,7 @@ def build_variants(variants: list[tuple[str, tuple[str, ...]]]) -> dict:
         regs = sorted({r.registers for r in hot})
         spills = sum(r.spill_store_bytes + r.spill_load_bytes for r in hot)
         print(f"built {name} {' '.join(defines) or '(defaults)'}: registers {regs}, spill bytes {spills}, "
-              f"warps/CTA int4 {libs[name].foscar_warps_per_cta(4)} int2 {libs[name].foscar_warps_per_cta(2)}",
+              f"CTAs/SM int4 {libs[name].foscar_ctas_per_sm(4)} int2 {libs[name].foscar_ctas_per_sm(2)}",
               flush=True)
     print(f"builds: {time.time() - t0:.0f} s", flush=True)
     return libs

@@ -96,8 +96,7 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const uint16_t* A, const uin
   foscar::wgmma_fence();
 #pragma unroll
   for (int s = 0; s < CHAIN; ++s)
-    foscar::wgmma_m64n8k16<F16>(d, a[s][0], a[s][1], a[s][2], a[s][3], foscar::b_tile_desc(base + s * foscar::kBTileBytes),
-                                true);
+    foscar::wgmma_m64n8k16<F16>(d, a[s][0], a[s][1], a[s][2], a[s][3], foscar::b_tile_desc(base + s * foscar::kBTileBytes));
   foscar::wgmma_commit();
   foscar::wgmma_wait<0>();
   float* o = D + (size_t)blockIdx.x * 512;

@@ -235,6 +235,14 @@ struct Lane {
   __device__ __forceinline__ int channel(int i, int e) const { return 32 * warp + 16 * i + 8 * (e >> 1) + g; }
 };
 
+template <int N>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+}
+
 // Sums / maxima over the 8 lanes that share t (the rows g of an accumulator fragment).
 __device__ __forceinline__ float sum_rows(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 4);
@@ -324,8 +332,7 @@ struct KFoldToken {
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
       const int gk = kt * 16 / T::G;
-      wgmma_m64n8k16<true>(acc[gk], a[kt][0], a[kt][1], a[kt][2], a[kt][3], b_tile_desc(base + kt * kBTileBytes),
-                           (kt * 16) % T::G != 0);
+      wgmma_m64n8k16<true>(acc[gk], a[kt][0], a[kt][1], a[kt][2], a[kt][3], b_tile_desc(base + kt * kBTileBytes));
     }
   }
   // log2-domain scores of this thread's (token, head) pairs; `par` = the chunk's K params.
@@ -410,7 +417,7 @@ struct KFoldChannel {
 #pragma unroll
       for (int kt = 0; kt < 8; ++kt)
         wgmma_m64n8k16<true>(acc[0], mine ? a[kt][0] : 0u, mine ? a[kt][1] : 0u, mine ? a[kt][2] : 0u,
-                             mine ? a[kt][3] : 0u, b_tile_desc(base + kt * kBTileBytes), gq > 0 || kt > 0);
+                             mine ? a[kt][3] : 0u, b_tile_desc(base + kt * kBTileBytes));
     }
   }
   __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane&, const uint8_t*, float (&x)[4]) const {
@@ -462,7 +469,7 @@ struct KDequant {
     const uint32_t base = smem_u32(s.q_tile[0][0]);
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt)
-      wgmma_m64n8k16<true>(acc[0], a[kt][0], a[kt][1], a[kt][2], a[kt][3], b_tile_desc(base + kt * kBTileBytes), kt > 0);
+      wgmma_m64n8k16<true>(acc[0], a[kt][0], a[kt][1], a[kt][2], a[kt][3], b_tile_desc(base + kt * kBTileBytes));
   }
   __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane&, const uint8_t*, float (&x)[4]) const {
 #pragma unroll
@@ -593,6 +600,10 @@ struct VFoldToken {
         off[gv][e & 1] = fmaf(pt, sz.y / sc + mid, off[gv][e & 1]);
       }
   }
+  // Before the fence of a chunk's PV: a new window starts from zero.
+  __device__ __forceinline__ void begin_pv() {
+    if (window == 0) zero_accumulators(raw);
+  }
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane& L, const uint32_t (&a)[4][2][4]) {
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv) {
@@ -603,8 +614,7 @@ struct VFoldToken {
 #pragma unroll
         for (int i = 0; i < 2; ++i)
           wgmma_m64n8k16<false>(raw[i], mine ? a[kt][i][0] : 0u, mine ? a[kt][i][1] : 0u, mine ? a[kt][i][2] : 0u,
-                                mine ? a[kt][i][3] : 0u, b_tile_desc(base + kt * kBTileBytes),
-                                window > 0 || kt > 0 || gv > 0);
+                                mine ? a[kt][i][3] : 0u, b_tile_desc(base + kt * kBTileBytes));
     }
     if (++window == kFlushChunks) pending = true;
   }
@@ -671,7 +681,8 @@ struct VFoldChannel {
   __device__ __forceinline__ void operands(const uint8_t* block, const Lane& L, uint32_t (&a)[4][2][4]) const {
     v_operands<T::BITS, true>(block, L.warp, L.lane, a);
   }
-  // Keeps the group rows' (s, z) of this thread's four channels (the stage is released early).
+  // Keeps the group rows' (s, z) of this thread's four channels for the folds after the stage
+  // is released (called once the previous group's fold is done).
   __device__ __forceinline__ void load_params(const Lane& L, const uint8_t* par) {
 #pragma unroll
     for (int gq = 0; gq < kHalves; ++gq)
@@ -684,8 +695,9 @@ struct VFoldChannel {
         }
   }
   // bf16 p as the B operand; at a group's end the p-sums are exchanged through s.red.
-  __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, const uint8_t*, bool group_ends,
+  __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, const uint8_t* par, bool group_ends,
                                           const float (&pr)[4]) {
+    load_params(L, par);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const uint16_t pb = bf16_bits(pr[e]);
@@ -725,6 +737,9 @@ struct VFoldChannel {
         out[i][e] = fmaf(s_c / v_block_radix<T::BITS>(i, e >> 1), raw[i][e], fmaf(z_c + s_c * mid, gsum[gq][e & 1], out[i][e]));
       }
   }
+  __device__ __forceinline__ void begin_pv() {
+    if (!open || kHalves > 1) zero_accumulators(raw);
+  }
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[4][2][4]) {
     const uint32_t base = smem_u32(s.p_tile[0][0]);
     if constexpr (kHalves == 1) {
@@ -733,7 +748,7 @@ struct VFoldChannel {
 #pragma unroll
         for (int i = 0; i < 2; ++i)
           wgmma_m64n8k16<false>(raw[i], a[kt][i][0], a[kt][i][1], a[kt][i][2], a[kt][i][3],
-                                b_tile_desc(base + kt * kBTileBytes), open || kt > 0);
+                                b_tile_desc(base + kt * kBTileBytes));
       open = true;
     } else {  // G = 32: tokens 0-31 close group 0, fold, then tokens 32-63 for group 1
 #pragma unroll
@@ -741,7 +756,10 @@ struct VFoldChannel {
         if (half == 1) {
           wgmma_commit();
           wgmma_wait<0>();
+          pin_accumulators(raw);
           fold(0);
+          zero_accumulators(raw);
+          pin_accumulators(raw);
           wgmma_fence();
         }
 #pragma unroll
@@ -749,7 +767,7 @@ struct VFoldChannel {
 #pragma unroll
           for (int i = 0; i < 2; ++i)
             wgmma_m64n8k16<false>(raw[i], a[kt][i][0], a[kt][i][1], a[kt][i][2], a[kt][i][3],
-                                  b_tile_desc(base + kt * kBTileBytes), kt > 2 * half);
+                                  b_tile_desc(base + kt * kBTileBytes));
       }
       open = true;
     }
@@ -825,6 +843,9 @@ struct VDequant {
       *reinterpret_cast<uint16_t*>(s.p_tile[0][L.warp] + b_tile_offset(L.g + 8 * (e >> 1), 2 * L.t + (e & 1))) =
           bf16_bits(pr[e]);
   }
+  __device__ __forceinline__ void begin_pv() {
+    if (window == 0) zero_accumulators(raw);
+  }
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[4][2][4]) {
     const uint32_t base = smem_u32(s.p_tile[0][0]);
 #pragma unroll
@@ -832,7 +853,7 @@ struct VDequant {
 #pragma unroll
       for (int i = 0; i < 2; ++i)
         wgmma_m64n8k16<false>(raw[i], a[kt][i][0], a[kt][i][1], a[kt][i][2], a[kt][i][3],
-                              b_tile_desc(base + kt * kBTileBytes), window > 0 || kt > 0);
+                              b_tile_desc(base + kt * kBTileBytes));
     if (++window == kFlushChunks) pending = true;
   }
   __device__ __forceinline__ void after_pv(bool item_end) {
@@ -895,7 +916,7 @@ struct OnlineSoftmax {
 };
 
 template <class T, class VSide>
-__device__ __noinline__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+__device__ __forceinline__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
                                           OnlineSoftmax& sm, VSide& vs);
 template <class T, class VSide>
 __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
@@ -954,18 +975,21 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       uint32_t a[8][4];
       k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
       if constexpr (T::DEQ) ks.dequantize(L, k_par, a);
+      pin_operands(a);
+      zero_accumulators(ks.acc);
+      pin_accumulators(ks.acc);
       wgmma_fence();
       ks.issue(s, L, a);
       wgmma_commit();
 
-      // O^T = V^T P^T operands, once the previous chunk's PV has released them (and P).
-      wgmma_wait<1>();
-      vs.after_pv(false);
-      uint32_t av[4][2][4];
-      if constexpr (T::DEQ || T::VCH) vs.load_params(L, v_par);
-      vs.operands(st + T::kCodeBytes, L, av);
-      // The scores need this chunk's K params, P~ its V params: keep the stage until then.
       wgmma_wait<0>();
+      pin_accumulators(ks.acc);
+      // O^T = V^T P^T operands.
+      uint32_t av[4][2][4];
+      if constexpr (T::DEQ) vs.load_params(L, v_par);
+      vs.operands(st + T::kCodeBytes, L, av);
+      pin_operands(av);
+      // The scores need this chunk's K params, P~ its V params: keep the stage until then.
       float x[4];
       ks.scores(s, L, k_par, x);
       if (tok0 + kChunk > w.packed_len) {
@@ -985,11 +1009,18 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       fence_proxy_async_smem();
       named_barrier(kConsumerBarrier, kConsumerThreads);
       if constexpr (T::VCH && !T::DEQ) vs.collect(s, L);
+      vs.begin_pv();
+      pin_accumulators(vs.raw);
       wgmma_fence();
       vs.issue(s, L, av);
       wgmma_commit();
+      // The chunk's PV completes before the next chunk can touch its registers: ptxas does not
+      // keep a wgmma's A operands (or accumulators) from being reused across a loop's back edge,
+      // and a wait that reaches into the next iteration makes it serialize every wgmma.
+      wgmma_wait<0>();
+      pin_accumulators(vs.raw);
+      vs.after_pv(false);
     }
-    wgmma_wait<0>();
     vs.after_pv(true);
 
     if constexpr (T::kHasTail) {
@@ -1001,9 +1032,11 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
 
 // ---------------------------------------------------------------------------------------
 // The BF16 tail of channel-wise caches (< G newest tokens), attended by split 0 in up to two
-// 64-token pieces: bf16 operands loaded straight from global memory, the same softmax.
+// 64-token pieces: bf16 operands loaded straight from global memory, the same softmax. It runs
+// on each warp's synchronous mma.sync, outside the wgmma pipeline: a wgmma on this rare,
+// data-dependent path would make ptxas serialize every wgmma of the kernel.
 template <class T, class VSide>
-__device__ __noinline__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+__device__ __forceinline__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
                                           OnlineSoftmax& sm, VSide& vs) {
   const size_t base = ((size_t)w.b * p.num_kv_heads + w.h) * T::G * kD;
   const __nv_bfloat16* kt_rows = p.k_tail + base;
@@ -1016,24 +1049,18 @@ __device__ __noinline__ void consume_tail(const DecodeParams& p, SharedStorage<T
     const uint32_t hi = tok + 1 < w.tail_len ? *reinterpret_cast<const uint16_t*>(vt_rows + (size_t)(tok + 1) * kD + c) : 0u;
     return lo | (hi << 16);
   };
-  const uint32_t qbase = smem_u32(s.qt_tile[0]);
-  const uint32_t pbase = smem_u32(s.p_tile[0][0]);
+  // A B fragment of a K-major B tile stack (8 x 16 per tile): rows 2t, 2t+1 (+8) of column g.
+  auto b_frag = [&](const uint8_t* tiles, int kt, int hi) -> uint32_t {
+    return *reinterpret_cast<const uint32_t*>(tiles + kt * kBTileBytes + b_tile_offset(2 * L.t + 8 * hi, L.g));
+  };
   for (int t0 = 0; t0 < w.tail_len; t0 += kChunk) {
-    float acc[4];
-    {
-      uint32_t a[8][4];
-      const int r0 = t0 + 16 * L.warp + L.g;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const int r0 = t0 + 16 * L.warp + L.g;
 #pragma unroll
-      for (int kt = 0; kt < 8; ++kt) {
-        const int c = 16 * kt + 2 * L.t;
-        a[kt][0] = k_pair(r0, c), a[kt][1] = k_pair(r0 + 8, c), a[kt][2] = k_pair(r0, c + 8), a[kt][3] = k_pair(r0 + 8, c + 8);
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int kt = 0; kt < 8; ++kt)
-        wgmma_m64n8k16<false>(acc, a[kt][0], a[kt][1], a[kt][2], a[kt][3], b_tile_desc(qbase + kt * kBTileBytes), kt > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
+    for (int kt = 0; kt < 8; ++kt) {
+      const int c = 16 * kt + 2 * L.t;
+      mma_bf16_16816(acc, k_pair(r0, c), k_pair(r0 + 8, c), k_pair(r0, c + 8), k_pair(r0 + 8, c + 8),
+                     b_frag(s.qt_tile[0], kt, 0), b_frag(s.qt_tile[0], kt, 1));
     }
     float x[4];
 #pragma unroll
@@ -1046,27 +1073,16 @@ __device__ __noinline__ void consume_tail(const DecodeParams& p, SharedStorage<T
     for (int e = 0; e < 4; ++e)
       *reinterpret_cast<uint16_t*>(s.p_tile[0][L.warp] + b_tile_offset(L.g + 8 * (e >> 1), 2 * L.t + (e & 1))) =
           bf16_bits(pr[e]);
-    fence_proxy_async_smem();
     named_barrier(kConsumerBarrier, kConsumerThreads);
-    float raw[2][4];
-    uint32_t av[4][2][4];
+    float raw[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int tk = t0 + 16 * kt + 2 * L.t, ch = L.channel(i, 0);
-        av[kt][i][0] = v_pair(tk, ch), av[kt][i][1] = v_pair(tk, ch + 8);
-        av[kt][i][2] = v_pair(tk + 8, ch), av[kt][i][3] = v_pair(tk + 8, ch + 8);
+        mma_bf16_16816(raw[i], v_pair(tk, ch), v_pair(tk, ch + 8), v_pair(tk + 8, ch), v_pair(tk + 8, ch + 8),
+                       b_frag(s.p_tile[0][0], kt, 0), b_frag(s.p_tile[0][0], kt, 1));
       }
-    wgmma_fence();
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt)
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        wgmma_m64n8k16<false>(raw[i], av[kt][i][0], av[kt][i][1], av[kt][i][2], av[kt][i][3],
-                              b_tile_desc(pbase + kt * kBTileBytes), kt > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll

@@ -223,13 +223,16 @@ inline uint4 lds128(const void* p) {
 // hardware reads A asynchronously: a kernel must not change A registers before the wait; the
 // emulation cannot see such a bug.)
 inline void wgmma_fence() {}
+template <class R>
+inline void pin_operands(R&) {}
+template <class R>
+inline void pin_accumulators(R&) {}
 inline void wgmma_commit() {}
 template <int N>
 inline void wgmma_wait() {}
 
 template <bool F16>
-inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b_desc,
-                           bool accumulate) {
+inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b_desc) {
   using namespace ::foscar_emu;
   Warpgroup& wg = tls().warpgroup();
   const int me = static_cast<int>(tls().thread_idx.x % 128);
@@ -253,10 +256,31 @@ inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
     const int row = 16 * warp + g + 8 * (e / 2), col = 2 * t + (e % 2);
     double a[16], b[16];
     for (int k = 0; k < 16; ++k) a[k] = A(row, k), b[k] = Bv(k, col);
-    out[e] = tc_dot(accumulate ? d[e] : 0.f, a, b);
+    out[e] = tc_dot(d[e], a, b);
   }
   wg.bar.arrive_and_wait();
   for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
+// One warp's m16n8k16 MMA (bf16), the same numerics as wgmma (scripts/probe_tc.py).
+inline void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                           uint32_t b1) {
+  using namespace ::foscar_emu;
+  const uint32_t mine[6] = {a0, a1, a2, a3, b0, b1};
+  publish(mine);
+  const Warp& wp = tls().warp();
+  auto A = [&](int row, int k) { return bf16_at(wp.slot[(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2); };
+  auto B = [&](int k, int n) { return bf16_at(wp.slot[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); };
+  const int lane = tls().lane(), g = lane / 4, t = lane % 4;
+  float d[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * t + (e % 2);
+    double a[16], b[16];
+    for (int k = 0; k < 16; ++k) a[k] = A(row, k), b[k] = B(k, col);
+    d[e] = tc_dot(c[e], a, b);
+  }
+  done_reading();
+  for (int e = 0; e < 4; ++e) c[e] = d[e];
 }
 
 // ---- mbarriers and the bulk copy engine

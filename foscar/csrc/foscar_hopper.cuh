@@ -59,24 +59,67 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// D (+)= A B for one m64n8k16 step; accumulate = false computes D = A B (no zeroing needed).
+// D += A B for one m64n8k16 step. It always accumulates: a chain starts from an accumulator
+// zeroed before the wgmma fence. (A chain whose wgmmas start several accumulators with the
+// scale-d predicate false is serialized by ptxas, one wait per instruction, as is any read of
+// an accumulator after a partial wgmma_wait<N > 0>: the kernels wait for all.)
 // The "+f" constraints keep D's registers live and untouched while the operation is in flight.
 template <bool F16>
 __device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint64_t b_desc, bool accumulate) {
+                                               uint64_t b_desc) {
   if constexpr (F16) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc));
   } else {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc), "r"(static_cast<int>(accumulate)));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc));
   }
+}
+
+// Pins operand registers at this point of the program: the compiler must have computed them
+// here and may not sink their computation past it (between two wgmmas of a chain it would
+// have to wait for the first before overwriting its registers, serializing the chain).
+template <int N>
+__device__ __forceinline__ void pin_operands(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <int N, int M>
+__device__ __forceinline__ void pin_operands(uint32_t (&r)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) pin_operands(r[i]);
+}
+template <int N, int M, int K>
+__device__ __forceinline__ void pin_operands(uint32_t (&r)[N][M][K]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) pin_operands(r[i]);
+}
+template <int N>
+__device__ __forceinline__ void pin_accumulators(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N, int M>
+__device__ __forceinline__ void pin_accumulators(float (&r)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) pin_accumulators(r[i]);
+}
+
+// One warp's synchronous m16n8k16 MMA (bf16 operands, fp32 accumulate), for the cold paths that
+// run outside the wgmma pipeline: A rows g / g+8 and columns 2t.. as in wgmma's A fragment, B
+// b0 = (rows 2t, 2t+1; column g), b1 = (rows 2t+8, 2t+9; column g), C / D as wgmma's D per warp.
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // ---- mbarriers and the bulk copy engine

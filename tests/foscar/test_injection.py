@@ -1,5 +1,6 @@
 """The kernels' mantissa injection, compiled from the CUDA header for the host with nvcc: every
-position of both halves must read as bias + f * code (bf16 and both fp16 schedules, docs/FORMAT.md)."""
+position of both halves must read as bias + f * code (K: fp16 1024, V: bf16 128; docs/FORMAT.md),
+and the kernels' schedule must be foscar/packing.py's, position by position."""
 from __future__ import annotations
 
 import subprocess
@@ -7,22 +8,34 @@ from pathlib import Path
 
 import pytest
 
+from foscar import packing
 from foscar.build import BuildError, CSRC, find_nvcc
 
 HERE = Path(__file__).resolve().parent
 
 
-def test_every_position_reads_as_bias_plus_factor_times_code(tmp_path):
+@pytest.fixture(scope="module")
+def injection_run(tmp_path_factory):
     try:
         nvcc = find_nvcc()
     except BuildError:
         pytest.skip("nvcc is not installed")
-    for schedule in ("-DFOSCAR_KF16_HIGH=0", "-DFOSCAR_KF16_HIGH=1"):  # both fp16 schedules
-        exe = tmp_path / f"inject_check{schedule[-1]}"
-        build = subprocess.run([nvcc, "-std=c++17", "-O1", schedule, f"-I{CSRC}",
-                                str(HERE / "data" / "inject_check.cu"), "-o", str(exe)],
-                               capture_output=True, text=True)
-        assert build.returncode == 0, build.stderr[-3000:]
-        run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0, schedule + "\n" + run.stdout[-3000:]
-        assert "0 mismatches" in run.stdout, schedule
+    exe = tmp_path_factory.mktemp("inject") / "inject_check"
+    build = subprocess.run([nvcc, "-std=c++17", "-O1", f"-I{CSRC}", str(HERE / "data" / "inject_check.cu"),
+                            "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+
+
+def test_every_position_reads_as_bias_plus_factor_times_code(injection_run):
+    assert injection_run.returncode == 0, injection_run.stdout[-3000:]
+    assert "0 mismatches" in injection_run.stdout
+
+
+def test_the_kernels_schedule_is_the_packing_schedule(injection_run):
+    rows = [line.split()[1:] for line in injection_run.stdout.splitlines() if line.startswith("schedule")]
+    assert len(rows) == 2 * (4 + 8)
+    for kind, bits, k, shift, mask, factor in rows:
+        bits, k = int(bits), int(k)
+        assert (int(shift), int(mask)) == packing.extraction_schedule(bits, kind)[k], (kind, bits, k)
+        assert float(factor) == packing.radix_factors(bits, kind)[k]

@@ -10,24 +10,28 @@ from foscar import build, kernels
 from foscar.config import QuantConfig
 
 
-@pytest.mark.parametrize("batch,kv_heads,max_units", [(128, 8, 256), (1, 8, 256), (8, 8, 32), (1, 1, 1), (32, 8, 1024)])
-def test_plan_covers_every_unit_and_fills_at_most_a_wave_more(batch, kv_heads, max_units):
-    splits, per_split = kernels.plan_splits(batch, kv_heads, max_units, num_sms=132)
-    assert 1 <= splits <= kernels.MAX_SPLITS
-    assert splits * per_split >= max_units  # every unit has a split
-    assert (splits - 1) * per_split < max_units  # no split is empty
-    if batch * kv_heads >= 132:
-        assert splits == 1  # the grid already fills the GPU
+@pytest.mark.parametrize("batch,kv_heads,max_chunks", [(128, 8, 512), (1, 8, 2048), (8, 8, 64), (1, 1, 1), (32, 8, 2048)])
+def test_plan_covers_every_chunk_with_at_most_a_gpu_of_ctas(batch, kv_heads, max_chunks):
+    plan = kernels.plan_launch(batch, kv_heads, max_chunks, num_sms=132, ctas_per_sm=3)
+    assert 1 <= plan.num_splits <= kernels.MAX_SPLITS
+    assert plan.num_splits * plan.chunks_per_split >= max_chunks  # every chunk has a split
+    assert (plan.num_splits - 1) * plan.chunks_per_split < max_chunks  # no split is empty
+    assert 1 <= plan.num_ctas <= min(132 * 3, batch * kv_heads * plan.num_splits)
 
 
 def test_plan_splits_a_single_long_sequence_across_the_gpu():
-    splits, _ = kernels.plan_splits(1, 8, 256, num_sms=132)
-    assert 8 * splits <= 132 and 8 * splits >= 100  # one wave, most SMs busy
+    plan = kernels.plan_launch(1, 8, 2048, num_sms=132, ctas_per_sm=3)
+    assert 8 * plan.num_splits <= 132 * 3 and 8 * plan.num_splits >= 0.75 * 132 * 3  # most CTAs busy at once
 
 
-def test_unit_is_whole_groups_and_at_least_a_chunk():
-    assert kernels.unit_tokens(32) == kernels.CHUNK_TOKENS
-    assert kernels.unit_tokens(128) == 128
+def test_plan_of_a_full_batch_evens_out_the_last_round():
+    """1024 items of 512 chunks on 396 CTAs: 2.6 rounds unsplit; a few splits per sequence
+    bring the busiest CTA within a few per cent of the average."""
+    plan = kernels.plan_launch(128, 8, 512, num_sms=132, ctas_per_sm=3)
+    items = 128 * 8 * plan.num_splits
+    rounds = -(-items // plan.num_ctas)
+    busiest = rounds * plan.chunks_per_split
+    assert busiest <= 1.06 * 128 * 8 * 512 / plan.num_ctas
 
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -35,7 +39,6 @@ def test_unit_is_whole_groups_and_at_least_a_chunk():
     (dict(num_q_heads=72), "1 to 8"),
     (dict(variant="sparse"), "variant='sparse'"),
     (dict(config=QuantConfig(param_dtype="fp32")), "fp16 scales"),
-    (dict(config=QuantConfig(group_size=32, page_size=96)), "multiple of 64"),
     (dict(variant="dequant", config=QuantConfig(k_mode="token")), "ablation"),
 ])
 def test_unsupported_reasons_name_the_value(kwargs, needle):
@@ -100,7 +103,7 @@ def test_build_key_follows_the_flags(monkeypatch):
 
 
 def test_decode_kernel_names_parse_to_their_template_arguments():
-    name = "void foscar::foscar_decode_kernel<2, 128, 64, true, false, true>(foscar::DecodeParams)"
+    name = "void foscar::foscar_decode_kernel<2, 64, true, false, true>(foscar::DecodeParams)"
     assert build.decode_template_args(name) == (2, 64, 1, 0, 1)
     assert build.decode_template_args("void at::native::vectorized_elementwise_kernel<4>(int)") is None
 

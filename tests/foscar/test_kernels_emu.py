@@ -86,7 +86,7 @@ def test_fold_matches_reference(bits, group, k_mode, v_mode):
 @pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize("k_mode,v_mode", MODES)
 def test_forced_splits_and_many_sequences(bits, k_mode, v_mode):
-    # A batch past one warp's worth of sequences, every split count the combine must merge.
+    # Many sequences over few persistent CTAs, every split count the merge must combine.
     seed, config, lens, hkv, ratio = _case(bits, 128, k_mode, v_mode, batch=9, ratio=4, max_len=700)
     q, cache = _data(config, lens, hkv, ratio, seed)
     for splits in (1, 2, 3):
@@ -97,8 +97,9 @@ def test_forced_splits_and_many_sequences(bits, k_mode, v_mode):
 @pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize("k_mode,v_mode", [("channel", "token"), ("token", "channel")])
 def test_long_context_flushes_and_late_maxima(bits, k_mode, v_mode):
-    # One split over 5000 tokens: each warp runs past several folds of `raw` into the output,
-    # and keys that grow along the sequence keep raising the running maximum after them.
+    # One split over 5000 tokens: the consumer runs past several folds of its accumulator into
+    # the output, and keys that grow along the sequence keep raising the running maximum (past
+    # the lazy threshold) after them.
     config = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
     seed = RNG.randrange(1 << 30)
     gen = torch.Generator().manual_seed(seed)
@@ -141,13 +142,12 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
 
 
 @pytest.mark.parametrize("knobs", [
-    ("-DFOSCAR_BULK=0",),
-    ("-DFOSCAR_WARPS_INT4=4", "-DFOSCAR_UNIT_STAGING=0", "-DFOSCAR_STAGES_INT2=2"),
-    ("-DFOSCAR_KF16_HIGH=1", "-DFOSCAR_UNIT_STAGES_INT2=3"),
+    ("-DFOSCAR_STAGES_INT4=2", "-DFOSCAR_STAGES_INT2=2"),
+    ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6"),
 ])
 def test_build_knobs_compute_the_same_function(knobs):
-    # The lab's variants (cp.async staging, per-chunk stages, other warp and stage counts, the
-    # other fp16 schedule) must compute the same function.
+    # The lab's variants (ring depth: a ring of 2 stages makes the producer wait on every chunk;
+    # CTAs per SM change the plan and the register split) must compute the same function.
     for bits in (4, 2):
         seed, config, lens, hkv, ratio = _case(bits, 128, RNG.choice(["channel", "token"]), "token", batch=2)
         q, cache = _data(config, lens, hkv, ratio, seed)

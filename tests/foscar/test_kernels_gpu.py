@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import zlib
 
 import pytest
 import torch
@@ -92,6 +93,36 @@ def test_dequant_ablation_matches_reference(bits, group):
     seed, config, lens, hkv, ratio = _case(bits, group, "channel", "token")
     err = _run(config, lens, hkv, ratio, seed, variant="dequant")
     assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
+
+
+# Long contexts (the error must not grow with the context: docs/PERFORMANCE.md, v5): batch 1 at
+# 128K and 256K tokens, batches 8 and 128 at 32K, every mode and both widths, Llama-3-8B heads.
+# The reference attends three rows (first, middle, last) of the big batches.
+LONG_CELLS = [(1, 131072), (1, 262144), (8, 32768), (128, 32768)]
+
+
+@pytest.mark.parametrize("batch,kv_len", LONG_CELLS, ids=lambda v: str(v))
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("k_mode,v_mode", MODES)
+def test_long_contexts_stay_within_the_gate(batch, kv_len, bits, k_mode, v_mode):
+    seed = zlib.crc32(f"{batch}-{kv_len}".encode())
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (batch, kv_len, 8, 128)
+    k = torch.randn(shape, device="cuda", generator=gen, dtype=torch.bfloat16)
+    v = torch.randn(shape, device="cuda", generator=gen, dtype=torch.bfloat16)
+    q = torch.randn(batch, 32, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+    config = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
+    lens = [kv_len - 37 * (b % 3) for b in range(batch)]  # channel-wise tails on some rows
+    cache = foscar.quantize(k, v, lens, config)
+    del k, v
+    out = torch.full_like(q, float("nan"))
+    foscar.decode(q, cache, out=out)
+    rows = sorted({0, batch // 2, batch - 1})
+    kd, vd = foscar.dequantize(cache, rows, dtype=torch.float64)
+    ref = attention_f64(q[rows], kd, vd, [lens[r] for r in rows])
+    assert torch.isfinite(out).all(), "some output elements were never written (or are NaN)"
+    err = ((out[rows].double() - ref).norm() / ref.norm()).item()
+    assert err <= TOLERANCE, f"batch={batch} kv_len={kv_len}: {err:.2e}"
 
 
 def test_bad_input_is_one_clear_error():

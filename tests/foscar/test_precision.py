@@ -56,7 +56,8 @@ V4_CELLS = [  # (batch, kv_len, bits, v_mode, file)
 def test_v4_arithmetic_fails_at_long_context_as_on_the_h200(cell):
     batch, kv_len, bits, v_mode, name = cell
     q, cache = _cache(batch, kv_len, bits, v_mode)
-    arith = precision.VArithmetic("v4", centred=False, chains=precision.v4_chains(batch=batch))
+    arith = precision.VArithmetic("v4", centred=False, chains=precision.v4_chains(batch=batch),
+                                  radix=precision.v4_radix)
     modelled = precision.model_error(q, cache, arith)
     measured = _h200(name)[(cache.config.tag, kv_len)]
     assert measured / 1.5 <= modelled <= measured * 1.5, f"model {modelled:.2e}, H200 {measured:.2e}"

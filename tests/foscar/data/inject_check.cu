@@ -1,7 +1,8 @@
 // Host-side check of the kernels' own injection code (foscar_common.cuh): for random words,
-// every position k of both halves must come out as exactly bias + f_k * code (bf16: 128, fp16:
-// 1024, in the build's fp16 schedule), where the code
-// sits at bit 16 * half + bits * k (docs/FORMAT.md). Built by tests/foscar/test_injection.py.
+// every position k of both halves of a K word must read as exactly fp16 1024 + f_k * code and
+// of a V word as bf16 128 + f_k * code, where the code sits at bit 16 * half + bits * k
+// (docs/FORMAT.md). It also prints each position's (shift, mask, factor), which
+// tests/foscar/test_injection.py compares with foscar/packing.py's schedules.
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_bf16.h>
@@ -24,29 +25,37 @@ float f16_value(uint16_t bits) {
   return __half2float(__half(r));
 }
 
-template <int BITS, int K, bool F16>
+template <int BITS, int K, bool V>
 int check(uint32_t w) {
-  const uint32_t x = F16 ? inject_f16<BITS, K>(w) : inject<BITS, K>(w);
-  const float f = F16 ? radix_factor_f16<BITS>(K) : radix_factor<BITS>(K);
-  const float bias = F16 ? kBiasF16 : kBias;
+  const uint32_t x = V ? inject_v<BITS, K>(w) : inject_k<BITS, K>(w);
+  const float f = V ? v_radix<BITS>(K) : k_radix<BITS>(K);
+  const float bias = V ? kVBias : kKBias;
   int bad = 0;
   for (int h = 0; h < 2; ++h) {
     const uint32_t code = (w >> (16 * h + BITS * K)) & ((1u << BITS) - 1u);
     const uint16_t half = static_cast<uint16_t>(x >> (16 * h));
-    const float got = F16 ? f16_value(half) : bf16_value(half);
+    const float got = V ? bf16_value(half) : f16_value(half);
     if (got != bias + f * code) {
       if (bad++ < 3)
-        std::printf("bits=%d k=%d f16=%d half=%d word=%08x: got %g, want %g\n", BITS, K, F16, h, w, got, bias + f * code);
+        std::printf("bits=%d k=%d v=%d half=%d word=%08x: got %g, want %g\n", BITS, K, V, h, w, got, bias + f * code);
     }
-    // The ablation's class table must give the same factor as the position.
-    if (!F16 && class_factor<BITS>(radix_class<BITS>(K)) != f) bad++;
   }
   return bad;
 }
 
-template <int BITS, bool F16, int... Ks>
+template <int BITS, bool V, int... Ks>
 int check_all(uint32_t w, std::integer_sequence<int, Ks...>) {
-  return (check<BITS, Ks, F16>(w) + ...);
+  return (check<BITS, Ks, V>(w) + ...);
+}
+
+template <int BITS, bool V>
+void print_schedule() {
+  for (int k = 0; k < 16 / BITS; ++k) {
+    const int shift = V ? v_shift<BITS>(k) : k_shift<BITS>(k);
+    const int lsb = V ? v_lsb<BITS>(k) : k_lsb<BITS>(k);
+    const unsigned mask = (((1u << BITS) - 1u) << lsb) * kPair;
+    std::printf("schedule %c %d %d %d %u %g\n", V ? 'v' : 'k', BITS, k, shift, mask, V ? v_radix<BITS>(k) : k_radix<BITS>(k));
+  }
 }
 
 int main() {
@@ -59,6 +68,10 @@ int main() {
     bad += check_all<4, true>(w, std::make_integer_sequence<int, 4>{});
     bad += check_all<2, true>(w, std::make_integer_sequence<int, 8>{});
   }
+  print_schedule<4, false>();
+  print_schedule<2, false>();
+  print_schedule<4, true>();
+  print_schedule<2, true>();
   std::printf("%d mismatches\n", bad);
   return bad ? 1 : 0;
 }
