@@ -52,7 +52,7 @@ def make_context(device_spec: str, opts: dict[str, Any]):
         from suite.readceiling import measure_read_ceiling
 
         try:
-            ceiling = measure_read_ceiling(ctx.device)
+            ceiling = measure_read_ceiling(ctx.device, quick=bool(opts.get("read_ceiling_quick")))
         except Exception as exc:  # noqa: BLE001 - a missing ceiling is a missing column
             ceiling = {"read_ceiling_tbps": None, "method": f"failed: {type(exc).__name__}: {exc}"}
     if ceiling:
