@@ -91,6 +91,10 @@ class Backend:
     quantized: bool = False  # True: follows the case's int quantization axes
     description: str = ""
     needs_cuda: bool = True  # False: also runs on the CPU (torch-ref)
+    # Another project's kernel: when its check fails it is still timed, recorded
+    # `inaccurate` with its error beside the time (users compare speed). Ours and the
+    # reference keep the hard gate: `incorrect`, untimed.
+    third_party: bool = False
 
     # --- declaration --------------------------------------------------------------------
     def case_for(self, case: Case) -> Case | None:
@@ -126,6 +130,15 @@ class Backend:
     def traffic(self, case: Case) -> Traffic:
         """The bytes one step must move in this backend's format (core.bytes_model)."""
         return traffic_for_case(case, self.kv_format)
+
+    def warmup_case(self, case: Case) -> Case | None:
+        """A small case of the same format that builds or loads every kernel `case` needs
+        (a JIT compile, a first load), run before the case's timer starts; None when there
+        is nothing to build. The default: batch 1 and at most 1024 tokens."""
+        kv_len = min(case.kv_len, 1024)
+        if kv_len % case.page_size:
+            kv_len = case.kv_len
+        return case.with_(batch=1, kv_len=kv_len)
 
     def memory_bytes(self, case: Case) -> int:
         """Device bytes one prepared copy holds (beyond the source), for fit checks and

@@ -64,6 +64,7 @@ class PagedKV:
 
 class _FlashInferDecode(Backend):
     family = "flashinfer"
+    third_party = True
     use_tensor_cores = False
     fi_backend: str | None = None  # the wrapper's `backend` argument; None: its default
     kv_format = "bf16"

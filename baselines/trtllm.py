@@ -46,6 +46,7 @@ def _xqa_fn():
 class TrtllmXqaFP8(Backend):
     name = "trtllm-xqa-fp8"
     family = "trtllm"
+    third_party = True
     bits = 8
     kv_format = "fp8"
     # Q and P are rounded to E4M3 inside the kernel (see the module docstring).
@@ -133,6 +134,7 @@ class TrtllmXqaFP8(Backend):
 class TrtllmNVFP4(Backend):
     name = "trtllm-nvfp4"
     family = "trtllm"
+    third_party = True
     bits = 4
     kv_format = "nvfp4"
     tolerance = 8e-2

@@ -21,8 +21,12 @@ from core import bytes_model
 from core.case import Case
 from core.gpu import GpuInfo
 
-# The status of a record (flashinfer-bench's enum, plus `crashed` and `skipped`).
-STATUSES = ("passed", "incorrect", "crashed", "timeout", "unsupported", "skipped", "compile_error")
+# The status of a record (flashinfer-bench's enum, plus `crashed`, `skipped` and
+# `inaccurate`: a third-party baseline whose check failed, timed anyway and flagged; our
+# kernels keep the hard gate, `incorrect`, and are not timed).
+STATUSES = ("passed", "inaccurate", "incorrect", "crashed", "timeout", "unsupported", "skipped", "compile_error")
+# The statuses that carry a time.
+TIMED_STATUSES = ("passed", "inaccurate")
 
 
 @dataclass
@@ -74,9 +78,15 @@ class TimingFields:
     p10_us: float | None = None
     p90_us: float | None = None
     n_samples: int | None = None
+    spread: float | None = None  # relative width of the median's 95% CI, what sampling stopped on
+    ci_low_us: float | None = None
+    ci_high_us: float | None = None
+    stop_reason: str | None = None  # converged | max_time | max_samples
     timing_method: str | None = None  # graph | events | cpu
     timing_note: str | None = None
     l2_policy: str | None = None  # size | rotate:N | flush | n/a (cpu)
+    l2_verdict: str | None = None  # cold | warm | unknown (suite.timing.L2Plan), n/a on the CPU
+    l2_reuse_bytes: int | None = None  # bytes read between two reads of one input
     l2_detail: str | None = None
     sm_clock_mhz_before: float | None = None
     sm_clock_mhz_after: float | None = None
@@ -126,6 +136,8 @@ class Record:
     alu: AluFields = field(default_factory=AluFields)
     notes: str | None = None
     traceback: str | None = None
+    reproducer: str | None = None  # the command that re-runs this one case
+    build_s: float | None = None  # building or loading the backend's kernels, before the case's timer
     wall_s: float | None = None
     created_at: str | None = None
     extra: dict = field(default_factory=dict)

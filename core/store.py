@@ -9,6 +9,7 @@ import os
 import sqlite3
 import subprocess
 import uuid
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -329,3 +330,155 @@ def connect_readonly(path: Path, immutable: bool) -> sqlite3.Connection:
 
 def record_key(case_key: str, backend: str) -> str:
     return f"{case_key}|{backend}"
+
+
+# --- joining stores (one per machine of a sharded sweep) -------------------------------------
+class MergeError(ValueError):
+    """Two stores disagree about one run in a way a merge cannot settle; the message says how."""
+
+
+@dataclass
+class MergeCounts:
+    records_added: int = 0
+    records_present: int = 0
+    runs_added: int = 0
+    runs_combined: int = 0
+    inputs: list[str] = field(default_factory=list)
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def record_identity(row: dict) -> str:
+    """A record's identity across stores: every field but the store-local id, NULLs left
+    out (so a column added by a newer schema does not make an old record new)."""
+    return _canon({k: v for k, v in row.items() if k != "id" and v is not None})
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    if not path.is_file():
+        raise MergeError(f"{path} does not exist; give the stores written by each shard.")
+    return connect_readonly(path, immutable=False)
+
+
+def _parts(value: Any) -> list:
+    """The parts a merged run's env was made of (an unmerged env is its own one part)."""
+    if isinstance(value, dict) and value.get("merged_parts"):
+        return list(value["merged_parts"])
+    return [value]
+
+
+def _shards(config: dict) -> list[str]:
+    return sorted(set(config.get("shards") or ([config["shard"]] if config.get("shard") else [])))
+
+
+def _combine_runs(mine: dict, theirs: dict) -> dict | None:
+    """One row for a run both stores hold (shards of one sweep under one run id), or None
+    when `mine` already says everything `theirs` does."""
+    rid = mine["run_id"]
+    if _run_view(mine) == _run_view(theirs):
+        return None
+    if mine.get("git_sha") != theirs.get("git_sha"):
+        raise MergeError(
+            f"run {rid} ran at commit {mine.get('git_sha')} in one store and {theirs.get('git_sha')} in "
+            "another; shards of one run must run one commit (re-run the odd shard, or give it its own --run-id)."
+        )
+    cfg_a, cfg_b = json.loads(mine.get("config_json") or "{}"), json.loads(theirs.get("config_json") or "{}")
+    strip = lambda c: {k: v for k, v in c.items() if k not in ("shard", "shards", "devices")}  # noqa: E731
+    if _canon(strip(cfg_a)) != _canon(strip(cfg_b)):
+        raise MergeError(f"run {rid} has different sweep settings in two stores; only shards of one sweep share a run id.")
+    env_a, env_b = json.loads(mine.get("env_json") or "{}"), json.loads(theirs.get("env_json") or "{}")
+    parts = {_canon(p): p for p in _parts(env_a) + _parts(env_b)}
+    shards = sorted(set(_shards(cfg_a)) | set(_shards(cfg_b)))
+    devices = sorted({str(d) for c in (cfg_a, cfg_b) for d in (c.get("devices") or [])})
+    config = strip(cfg_a)
+    if shards:
+        config["shards"] = shards
+    if devices:
+        config["devices"] = devices
+    env = parts[next(iter(parts))] if len(parts) == 1 else {"merged_parts": [parts[k] for k in sorted(parts)]}
+    argvs = sorted((mine.get("argv") or "[]", theirs.get("argv") or "[]"))
+    row = {
+        "run_id": rid,
+        "started_at": min(mine["started_at"], theirs["started_at"]),
+        "git_sha": mine.get("git_sha"),
+        "git_dirty": max((v for v in (mine.get("git_dirty"), theirs.get("git_dirty")) if v is not None), default=None),
+        "argv": argvs[0],
+        "config_json": _canon(config),
+        "config_hash": config_hash(config),
+        "env_json": _canon(env),
+    }
+    return None if _run_view(row) == _run_view(mine) else row
+
+
+def _run_view(row: dict) -> str:
+    """A run row as comparable content: JSON columns parsed, the derived hash left out."""
+    view = {}
+    for k in RUN_COLUMNS:
+        v = row.get(k)
+        if k in ("argv", "config_json", "env_json") and isinstance(v, str):
+            v = json.loads(v or "null")
+        if k != "config_hash":
+            view[k] = v
+    return _canon(view)
+
+
+def merge_stores(out_path: str | os.PathLike, in_paths: Iterable[str | os.PathLike]) -> MergeCounts:
+    """Join stores into `out_path` (created if absent): every run and record of every input,
+    each record once. A record is a duplicate only if every field but the id matches
+    (record_identity), so nothing measured is lost; merging again changes nothing. Runs
+    with one id in several stores (shards of one sweep) become one run whose config lists
+    the shards and whose env keeps each machine's part."""
+    counts = MergeCounts()
+    out_path = Path(out_path)
+    with ResultStore(out_path) as out:
+        out_cols = list(RECORD_COLUMNS)
+        have = {
+            record_identity(dict(zip(["id", *out_cols], r)))
+            for r in out.conn.execute(f"SELECT id, {', '.join(out_cols)} FROM records")
+        }
+        for path in map(Path, in_paths):
+            if path.resolve() == out_path.resolve():
+                continue
+            counts.inputs.append(str(path))
+            src = _read_only(path)
+            try:
+                _merge_runs(out, src, counts)
+                src_cols = [r[1] for r in src.execute("PRAGMA table_info(records)") if r[1] in RECORD_COLUMNS]
+                for r in src.execute(f"SELECT {', '.join(src_cols)} FROM records ORDER BY id"):
+                    row = dict(zip(src_cols, tuple(r)))
+                    ident = record_identity(row)
+                    if ident in have:
+                        counts.records_present += 1
+                        continue
+                    names = ", ".join(row)
+                    out.conn.execute(f"INSERT INTO records ({names}) VALUES ({', '.join('?' for _ in row)})",
+                                     tuple(row.values()))
+                    have.add(ident)
+                    counts.records_added += 1
+            finally:
+                src.close()
+            out.conn.commit()
+    return counts
+
+
+def _merge_runs(out: ResultStore, src: sqlite3.Connection, counts: MergeCounts) -> None:
+    cols = [r[1] for r in src.execute("PRAGMA table_info(runs)") if r[1] in RUN_COLUMNS]
+    for r in src.execute(f"SELECT {', '.join(cols)} FROM runs ORDER BY started_at"):
+        theirs = dict(zip(cols, tuple(r)))
+        cur = out.conn.execute("SELECT * FROM runs WHERE run_id=?", (theirs["run_id"],))
+        found = cur.fetchone()
+        if found is None:
+            names = ", ".join(theirs)
+            out.conn.execute(f"INSERT INTO runs ({names}) VALUES ({', '.join('?' for _ in theirs)})",
+                             tuple(theirs.values()))
+            counts.runs_added += 1
+            continue
+        mine = dict(zip([d[0] for d in cur.description], found))
+        row = _combine_runs(mine, theirs)
+        if row is not None:
+            sets = ", ".join(f"{k}=?" for k in row if k != "run_id")
+            out.conn.execute(f"UPDATE runs SET {sets} WHERE run_id=?",
+                             (*[v for k, v in row.items() if k != "run_id"], row["run_id"]))
+            counts.runs_combined += 1

@@ -35,9 +35,10 @@ class Comparison:
 
 def compare(results: Results, base: str, head: str, min_change: float = 0.02,
             fail_threshold: float | None = None) -> Comparison:
-    """Pair every series of BASE with HEAD's. A failure is a regression beyond
-    `fail_threshold` that is also outside the noise (reports.noise.classify), or a series
-    that passed in BASE and no longer passes in HEAD."""
+    """Pair every series of BASE with HEAD's and judge each (reports.noise.judge). A CI
+    failure is a series judged slower with `fail_threshold` as the threshold (beyond it,
+    beyond both sides' noise, at matching SM clocks), or one that passed in BASE and no
+    longer passes in HEAD."""
     base_runs, head_runs = resolve(results, base), resolve(results, head)
     recs = results.records
     changes = series.pair(recs[recs["run_id"].isin(base_runs)], recs[recs["run_id"].isin(head_runs)], min_change)
@@ -48,53 +49,57 @@ def compare(results: Results, base: str, head: str, min_change: float = 0.02,
         elif str(row["verdict"]).startswith(STATUS_LOSS):
             gate.append(True)
         elif row["change"] is not None and pd.notna(row["change"]):
-            b = noise.Sample(row["median_us_base"], row["p10_us_base"], row["p90_us_base"])
-            h = noise.Sample(row["median_us_head"], row["p10_us_head"], row["p90_us_head"])
-            gate.append(noise.classify(b, h, fail_threshold) == noise.REGRESSION)
+            j = noise.judge(series.sample(row, "_base"), series.sample(row, "_head"), fail_threshold)
+            gate.append(j.verdict == noise.SLOWER)
         else:
             gate.append(False)
     changes["gate"] = gate
     return Comparison(changes, base_runs, head_runs, min_change, fail_threshold)
 
 
-def _us(median, p10, p90) -> str:
+def _us(median, noise_rel) -> str:
     if pd.isna(median):
         return "-"
-    if pd.notna(p10) and pd.notna(p90):
-        return f"{median:.1f} [{p10:.1f}, {p90:.1f}]"
+    if noise_rel is not None and pd.notna(noise_rel):
+        return f"{median:.1f} ±{100 * noise_rel:.1f}%"
     return f"{median:.1f}"
 
 
 def render(cmp: Comparison, console: Console | None = None, show_all: bool = False) -> None:
-    """Print the changes (all series with show_all, else those not within the noise)."""
+    """Print the changes (all series with show_all, else those not judged the same)."""
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     df = cmp.changes
     shown = df if show_all else df[~df["verdict"].isin([noise.SAME, "not timed"])]
     many_gpus = df["gpu_name"].nunique() > 1
     gpus = ", ".join(sorted(df["gpu_name"].dropna().unique()))
     table = Table(title=f"{gpus}: BASE {', '.join(cmp.base_runs)} -> HEAD {', '.join(cmp.head_runs)}")
-    cols = (["GPU"] if many_gpus else []) + ["backend", "case", "format", "BASE µs [p10, p90]",
-                                             "HEAD µs [p10, p90]", "change", "verdict"]
+    cols = (["GPU"] if many_gpus else []) + ["backend", "case", "format", "BASE µs ±CI", "HEAD µs ±CI",
+                                             "change ±noise", "verdict"]
     for col in cols:
-        table.add_column(escape(col), justify="right" if "µs" in col or col == "change" else "left", no_wrap=True)
-    style = {noise.REGRESSION: "red", noise.IMPROVEMENT: "green"}
-    order = shown.assign(_k=shown["verdict"].map({noise.REGRESSION: 0}).fillna(1)).sort_values(
+        table.add_column(escape(col), justify="right" if "µs" in col or col.startswith("change") else "left",
+                         no_wrap=col != "verdict")
+    style = {noise.SLOWER: "red", noise.FASTER: "green", noise.AMBIGUOUS: "yellow"}
+    rank = {noise.SLOWER: 0, noise.AMBIGUOUS: 2}
+    order = shown.assign(_k=shown["verdict"].map(rank).fillna(1)).sort_values(
         ["_k", "backend", "batch", "kv_len"], key=lambda s: s.map(catalog.sort_key) if s.name == "backend" else s)
     for _, r in order.iterrows():
-        verdict = r["verdict"] + (" (fails gate)" if r["gate"] else "")
+        verdict = r["verdict"] + (f" ({r['why']})" if r.get("why") else "") + (" (fails gate)" if r["gate"] else "")
+        change = "" if pd.isna(r["change"]) else f"{100 * r['change']:+.1f}% ±{100 * r['noise']:.1f}%"
         cells = ([str(r["gpu_name"])] if many_gpus else []) + [
             str(r["backend"]), f"b{int(r['batch'])} kv{kv_label(r['kv_len'])}", series.format_short(r),
-            _us(r["median_us_base"], r["p10_us_base"], r["p90_us_base"]),
-            _us(r["median_us_head"], r["p10_us_head"], r["p90_us_head"]),
-            "" if pd.isna(r["change"]) else f"{100 * r['change']:+.1f}%", verdict,
+            _us(r["median_us_base"], series.sample(r, "_base").noise if pd.notna(r["median_us_base"]) else None),
+            _us(r["median_us_head"], series.sample(r, "_head").noise if pd.notna(r["median_us_head"]) else None),
+            change, verdict,
         ]
-        table.add_row(*map(escape, cells), style=style.get(r["verdict"], "yellow" if r["verdict"].startswith(STATUS_LOSS) else None))
+        table.add_row(*map(escape, cells),
+                      style=style.get(r["verdict"], "red" if r["verdict"].startswith(STATUS_LOSS) else None))
     if len(shown):
         console.print(table)
     counts = df["verdict"].value_counts()
     summary = ", ".join(f"{n} {v}" for v, n in counts.items())
-    console.print(f"{len(df)} series compared; a change is called beyond {100 * cmp.min_change:.1f}% "
-                  f"with the p10..p90 bands apart: {summary}.")
+    console.print(f"{len(df)} series compared; a change is called beyond {100 * cmp.min_change:.1f}% and "
+                  f"beyond the noise of both sides (95% intervals of the medians), at SM clocks within "
+                  f"{100 * noise.CLOCK_TOLERANCE:.0f}%: {summary}.")
     if cmp.fail_threshold is not None:
         n = len(cmp.failures)
         console.print(f"[bold {'red' if n else 'green'}]{n} regression(s) beyond "

@@ -41,7 +41,7 @@ def series_figure(shape_recs: pd.DataFrame, shape_steps: pd.DataFrame, labels: l
     line per backend/format with its p10..p90 band shaded; called changes marked."""
     fig, axes = new_figure(ncols=3, width=16, height=4.0)
     timed = shape_recs[(shape_recs["status"] == "passed") & (shape_recs["median_us"] > 0)]
-    called = shape_steps[shape_steps["verdict"].isin([noise.REGRESSION, noise.IMPROVEMENT])] \
+    called = shape_steps[shape_steps["verdict"].isin([noise.SLOWER, noise.FASTER])] \
         if len(shape_steps) else shape_steps
     fmt = timed.apply(series.format_short, axis=1) if len(timed) else pd.Series(dtype=str)
     for (backend, form), g in sorted(timed.groupby(["backend", fmt]), key=lambda kv: catalog.sort_key(kv[0][0])):
@@ -58,7 +58,7 @@ def series_figure(shape_recs: pd.DataFrame, shape_steps: pd.DataFrame, labels: l
             for _, h in mine.iterrows():
                 at = g["point"] == h["to_point"]
                 if at.any():
-                    bad = h["verdict"] == noise.REGRESSION
+                    bad = h["verdict"] == noise.SLOWER
                     up = bad != (col == 2)  # time rises on a regression, bandwidth falls
                     ax.scatter([h["to_point"]], [mid[at].iloc[0]], marker="^" if up else "v", s=70,
                                color="red" if bad else "green", zorder=5, edgecolor="black")
@@ -89,9 +89,10 @@ def build_dashboard(results: Results, out_dir: Path, min_change: float = 0.02) -
     body = [html.para(f"Store: {results.db}. {len(pts)} commit(s), {len(results.runs)} run(s), "
                       f"{len(results.records)} record(s).", "meta")]
     body.append(html.para(
-        f"A change is called a regression or improvement only when the median time moved by more "
-        f"than {100 * min_change:.1f}% AND the HEAD p10..p90 band does not overlap the BASE band "
-        "(reports/noise.py). Shaded: p10..p90 of each point. Triangles mark called changes."))
+        f"A change is called slower or faster only when the median time moved by more than "
+        f"{100 * min_change:.1f}%, by more than the noise of both sides (95% intervals of the "
+        "medians), at SM clocks that agree (reports/noise.py); otherwise it is same or ambiguous. "
+        "Shaded: p10..p90 of each point. Triangles mark called changes."))
     if len(pts) < 2:
         body.append(html.note(f"The store holds {len(pts)} commit(s): series need two or more to show change."))
     if per_point.empty:
@@ -113,7 +114,7 @@ def build_dashboard(results: Results, out_dir: Path, min_change: float = 0.02) -
 
 def _changes_section(st: pd.DataFrame) -> list[str]:
     out = [html.heading("Called changes", "changes")]
-    called = st[st["verdict"].isin([noise.REGRESSION, noise.IMPROVEMENT]) | st["verdict"].str.startswith("now ")] \
+    called = st[st["verdict"].isin([noise.SLOWER, noise.FASTER]) | st["verdict"].str.startswith("now ")] \
         if len(st) else st
     if called.empty:
         out.append(html.para("No regression, improvement or lost passing case between consecutive commits."))
@@ -125,9 +126,10 @@ def _changes_section(st: pd.DataFrame) -> list[str]:
         "BASE µs": called["median_us_base"].map(lambda v: f"{v:.1f}" if pd.notna(v) else ""),
         "HEAD µs": called["median_us_head"].map(lambda v: f"{v:.1f}" if pd.notna(v) else ""),
         "change": called["change"].map(lambda v: f"{100 * v:+.1f}%" if v is not None and pd.notna(v) else ""),
+        "noise": called["noise"].map(lambda v: f"±{100 * v:.1f}%" if v is not None and pd.notna(v) else ""),
         "verdict": called["verdict"],
     })
-    classes = ["regression" if v != noise.IMPROVEMENT else "improvement" for v in called["verdict"]]
+    classes = ["regression" if v != noise.FASTER else "improvement" for v in called["verdict"]]
     out.append(html.table(display, row_classes=classes))
     return out
 

@@ -7,11 +7,14 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from reports import paper
+
 # Thread-instructions per SM per clock of the ALU pipe (LOP3/SHF/PRMT), measured on our
-# H200 (FOSCAR.md section 5); a property of the Hopper SM, not of one board.
-ALU_PER_SM_PER_CLOCK = 63.3
-# The measured H200 figure, used when the environment lacks SM count or clock.
-H200_ALU_RATE = 16.6e12
+# H200 (reports/data/paper.csv, source h200-alu); a property of the Hopper SM, not of one
+# board. The whole-GPU figure is used when the environment lacks SM count or clock.
+ALU_PER_SM_PER_CLOCK = paper.lookup("h200-alu", "alu", "alu_per_sm_per_clock", "")[0]
+H200_ALU_RATE = paper.lookup("h200-alu", "alu", "alu_per_s", "")[0]
+ALU_SOURCE = "reports/data/paper.csv, source h200-alu"
 # Dense FLOP per SM per clock on sm_90 (Hopper): 128 FP32 lanes x 2 (FMA), and the
 # tensor cores' dense BF16 rate (989 TFLOP/s = 4096 x 132 SMs x 1.83 GHz on H100 SXM).
 HOPPER_FLOP_PER_SM_CLOCK = {"FP32 CUDA cores": 256, "BF16 tensor cores (dense)": 4096}
@@ -35,6 +38,7 @@ class GpuFacts:
     peak_bus_tbps: float | None = None
     peak_datasheet_tbps: float | None = None
     read_ceiling_tbps: float | None = None
+    read_ceiling_spread: float | None = None  # relative width, when the run recorded it
     sm_count: int | None = None
     sm_clock_mhz: float | None = None
     capability: str | None = None
@@ -120,6 +124,7 @@ def gpu_facts(gpu_name: str, envs: Iterable[dict], records: pd.DataFrame) -> Gpu
         if value is not None:
             setattr(facts, attr, value)
             facts.sources[attr] = source
+    facts.read_ceiling_spread = _ceiling_spread(envs)
     sms = _number(find(envs, _SMS, gpu_name))
     facts.sm_count = int(sms) if sms else None
     if facts.sm_count is None and any(tag in gpu_name for tag in SXM_132_SM):
@@ -135,13 +140,43 @@ def gpu_facts(gpu_name: str, envs: Iterable[dict], records: pd.DataFrame) -> Gpu
     return facts
 
 
+def _ceiling_spread(envs: Iterable[dict]) -> float | None:
+    """The spread the read-ceiling search recorded beside its figure (suite.readceiling)."""
+    for env in envs:
+        for block in _blocks(env):
+            if block.get("read_ceiling_tbps") is not None and _number(block.get("spread")) is not None:
+                return _number(block["spread"])
+    return None
+
+
+def above_ceiling(records: pd.DataFrame, facts: GpuFacts) -> pd.DataFrame:
+    """Timed records whose bandwidth beats the measured read ceiling by more than the two
+    noises allow (each median's 95% half-width, and half the ceiling's recorded spread):
+    a ceiling a real kernel beats is not one."""
+    from reports import noise
+
+    rows = []
+    for _, r in records[(records["eff_bandwidth_tbps"] > 0) & (records["median_us"] > 0)].iterrows():
+        # the ceiling this record's own run measured (what its frac_read_ceiling divided by)
+        ceiling = (r["eff_bandwidth_tbps"] / r["frac_read_ceiling"] if r.get("frac_read_ceiling", 0) > 0
+                   else facts.read_ceiling_tbps)
+        if not ceiling:
+            continue
+        own = noise.Sample(r["median_us"], r.get("p10_us"), r.get("p90_us"), r.get("n_samples"), r.get("spread")).noise
+        slack = math.hypot(own, (facts.read_ceiling_spread or 0.0) / 2)
+        over = r["eff_bandwidth_tbps"] / ceiling - 1
+        if over > slack:
+            rows.append({**r.to_dict(), "ceiling_tbps": ceiling, "over_ceiling": over, "slack": slack})
+    return pd.DataFrame(rows)
+
+
 def _set_alu_rate(facts: GpuFacts) -> None:
     if facts.hopper and facts.sm_count and facts.sm_clock_mhz:
         facts.alu_rate = ALU_PER_SM_PER_CLOCK * facts.sm_count * facts.sm_clock_mhz * 1e6
         facts.alu_rate_source = (
-            f"{ALU_PER_SM_PER_CLOCK} per SM per clock x {facts.sm_count} SMs x "
+            f"{ALU_PER_SM_PER_CLOCK} per SM per clock ({ALU_SOURCE}) x {facts.sm_count} SMs x "
             f"{facts.sm_clock_mhz:.0f} MHz"
         )
     elif "H200" in facts.name:
         facts.alu_rate = H200_ALU_RATE
-        facts.alu_rate_source = "measured on our H200 (FOSCAR.md section 5)"
+        facts.alu_rate_source = f"measured on our H200 ({ALU_SOURCE})"

@@ -1,4 +1,5 @@
-"""Reference figures from reports/data/paper.csv: the paper's, our H200 baselines and our targets, each sourced."""
+"""Reference figures from reports/data/paper.csv: the paper's, our earlier H200 measurements and probes, and
+our targets, each row naming its source; reports cite this file and nothing outside the repository."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -7,12 +8,6 @@ from pathlib import Path
 import pandas as pd
 
 PAPER_CSV = Path(__file__).parent / "data" / "paper.csv"
-SOURCES = {
-    "paper": "FOSCAR paper (arXiv 2611.09722)",
-    "h200-ref": "our H200 baselines (FOSCAR.md section 7)",
-    "h200-grid": "our H200 baseline grid (FOSCAR.md section 7)",
-    "targets": "our targets (FOSCAR.md section 8)",
-}
 
 
 @lru_cache(maxsize=1)

@@ -43,7 +43,7 @@ def save(fig, out_dir: Path, stem: str, formats: tuple[str, ...] = ("png", "svg"
 
 
 def kv_label(kv_len: float) -> str:
-    """32768 -> '32K' (K = 1024 tokens, as in FOSCAR.md)."""
+    """32768 -> '32K' (K = 1024 tokens)."""
     kv = int(kv_len)
     return f"{kv // 1024}K" if kv % 1024 == 0 and kv >= 1024 else str(kv)
 
@@ -56,3 +56,12 @@ def plain_log_ticks(ax, axis: str = "y") -> None:
     target.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     target.set_minor_formatter(NullFormatter())
+
+
+def place_labels(wanted: list[float], gap: float) -> list[float]:
+    """Positions for labels wanted at `wanted` (ascending, any unit) such that neighbours
+    are at least `gap` apart: each label moves up only as far as the one below pushes it."""
+    placed: list[float] = []
+    for w in wanted:
+        placed.append(w if not placed else max(w, placed[-1] + gap))
+    return placed

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from reports import accuracy, captions, e2e, html, paper, roofline, scaling, tables
-from reports.gpu import gpu_facts
+from reports.gpu import above_ceiling, gpu_facts
 from reports.plotting import save
 from reports.source import Results, latest_per_case
 
@@ -61,7 +61,8 @@ def build_report(results: Results, out_dir: Path, title: str = "FOSCAR decode-at
     page.body.append(html.heading("Record status", "status"))
     page.table(tables.status_table(records), "Records per backend and status, with the first reason given.")
     shutil.copyfile(paper.PAPER_CSV, out_dir / "paper_reference.csv")
-    page.body.append(html.para("Reference figures: " + paper.sources_text() + ". All in paper_reference.csv.", "meta"))
+    page.body.append(html.para("Reference figures: " + paper.sources_text() + ". All in paper_reference.csv "
+                               "(a copy of the repository's reports/data/paper.csv).", "meta"))
     index = out_dir / "index.html"
     index.write_text(html.page(title, page.body), encoding="utf-8")
     return index
@@ -95,15 +96,17 @@ def _gpu_sections(page: _Page, recs: pd.DataFrame, gpu: str, results: Results) -
            if facts.alu_rate else "ALU pipe rate unknown for this GPU: no issue roofs drawn")
     page.figure(
         roofline.bandwidth_vs_bytes(recs, facts), f"roofline_bandwidth_{tag}",
-        f"(3a) Measured: effective bandwidth of every passed record against the bytes it reads per KV "
-        f"element (large markers: batch 128, KV 32K, else each backend's largest case). HBM roofs: "
-        f"{roofs or 'unknown'}. Issue roofs: ALU rate / ALU per element x bytes per element; {alu}.",
-        recs, "(3a) No passed record with bytes and a bandwidth on this GPU: nothing to plot.")
+        f"(3a) Measured: effective bandwidth of every timed record against the bytes it reads per KV "
+        f"element (large markers: batch 128, KV 32K, else each backend's largest case; {FAILED_NOTE}). "
+        f"HBM roofs: {roofs or 'unknown'}. Issue roofs: ALU rate / ALU per element x bytes per element; {alu}.",
+        recs, "(3a) No timed record with bytes and a bandwidth on this GPU: nothing to plot.")
+    _ceiling_note(page, recs, facts)
     page.figure(
         roofline.classic(recs, facts), f"roofline_classic_{tag}",
         "(3b) Measured: FLOP/s (byte model's FLOPs / median time) against FLOP per byte read, for every "
-        "passed record; compute ceilings derived as SMs x clock x per-SM rate, memory diagonals as above.",
-        recs, "(3b) No passed record with FLOPs, bytes and a time on this GPU: nothing to plot.")
+        f"timed record ({FAILED_NOTE}), zoomed to the points; compute ceilings derived as SMs x clock x "
+        "per-SM rate, memory diagonals as above.",
+        recs, "(3b) No timed record with FLOPs, bytes and a time on this GPU: nothing to plot.")
     page.body.append(html.heading(f"4. Latency and bandwidth against KV length and batch: {gpu}", f"scaling-{tag}"))
     for axis, what in (("kv_len", "KV length"), ("batch", "batch")):
         fig, shape = scaling.scaling(recs, axis)
@@ -111,8 +114,33 @@ def _gpu_sections(page: _Page, recs: pd.DataFrame, gpu: str, results: Results) -
             fig, f"scaling_{axis}_{tag}",
             f"(4) Measured: median kernel time (top, log scale) and effective bandwidth as % of the "
             f"bus-derived peak (bottom) against {what}; {shape}; solid lines ours, dashed baselines; "
-            "median over K/V formats where a backend ran several.",
-            recs, f"(4) Fewer than two {what} values with passed records on this GPU: no {what} plot.")
+            f"median over K/V formats where a backend ran several; {FAILED_NOTE}.",
+            recs, f"(4) Fewer than two {what} values with timed records on this GPU: no {what} plot.")
+
+
+FAILED_NOTE = ("a record that failed the accuracy gate is a red X on the x axis when untimed, a hollow "
+               "marker when timed, and is listed in section 5")
+
+
+def _ceiling_note(page: _Page, recs: pd.DataFrame, facts) -> None:
+    """Say whether any record beats the measured read ceiling beyond both noises."""
+    if not facts.read_ceiling_tbps:
+        return
+    spread = (f" ± {100 * facts.read_ceiling_spread / 2:.1f}%" if facts.read_ceiling_spread
+              else "; no spread recorded: a single-kernel measurement from before the search")
+    over = above_ceiling(recs, facts)
+    if over.empty:
+        page.body.append(html.para(
+            f"No record beats the read ceiling its run measured ({facts.read_ceiling_tbps:.2f} TB/s{spread}) "
+            "by more than its own noise.", "meta"))
+        return
+    worst = over.sort_values("over_ceiling", ascending=False)
+    names = "; ".join(f"{r['backend']} b{int(r['batch'])} kv{int(r['kv_len'])}: {r['eff_bandwidth_tbps']:.2f} TB/s, "
+                      f"+{100 * r['over_ceiling']:.1f}% over {r['ceiling_tbps']:.2f}" for _, r in worst.head(6).iterrows())
+    page.body.append(html.note(
+        f"{len(over)} record(s) beat the read ceiling their run measured by more than their noise, so that "
+        f"ceiling does not bound them ({spread.lstrip('; ') or 'its spread'}): {names}. "
+        "`foscar-bench ceiling` measures the searched ceiling; sweeps made since record it."))
 
 
 def _accuracy_section(page: _Page, records: pd.DataFrame) -> None:
@@ -124,3 +152,5 @@ def _accuracy_section(page: _Page, records: pd.DataFrame) -> None:
         "its quantized cache against the source alone.",
         records, "(5) No record carries a relative error: no accuracy plot.")
     page.table(tables.accuracy_table(records), "Relative L2 errors per backend and width.")
+    page.table(tables.failed_gate_table(records),
+               "Records that failed the accuracy gate (drawn in every figure above, never left out).")

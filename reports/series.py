@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from core.record import TIMED_STATUSES
 from reports import noise
 from reports.plotting import kv_label
 
@@ -69,35 +70,53 @@ def per_point(records: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts) if parts else recs
 
 
+TIMING_COLS = ["status", "median_us", "p10_us", "p90_us", "n_samples", "spread",
+               "sm_clock_mhz_before", "sm_clock_mhz_after"]
+
+
+def sample(row, suffix: str = "") -> noise.Sample:
+    """One side of a pair as a noise.Sample; the clock is the one read under load."""
+    clock = row.get("sm_clock_mhz_after" + suffix)
+    if clock is None or pd.isna(clock):
+        clock = row.get("sm_clock_mhz_before" + suffix)
+    return noise.Sample(row["median_us" + suffix], row.get("p10_us" + suffix), row.get("p90_us" + suffix),
+                        row.get("n_samples" + suffix), row.get("spread" + suffix), clock)
+
+
 def pair(base: pd.DataFrame, head: pd.DataFrame, min_change: float) -> pd.DataFrame:
-    """Every series in BASE or HEAD, with both medians, bands, relative change of the
-    median time and a verdict: regression / improvement / within noise, or a status change
-    ('now <status>' when HEAD stopped passing, 'fixed', 'new', 'gone')."""
-    cols = [*SERIES_KEYS, "status", "median_us", "p10_us", "p90_us"]
-    merged = latest_records(base)[cols].merge(
-        latest_records(head)[cols], on=SERIES_KEYS, how="outer", suffixes=("_base", "_head"))
-    verdicts, changes = [], []
-    for _, row in merged.iterrows():
-        verdict, change = _verdict(row, min_change)
-        verdicts.append(verdict)
-        changes.append(change)
-    merged["change"] = changes
-    merged["verdict"] = verdicts
+    """Every series in BASE or HEAD, with both medians, bands, the relative change of the
+    median time, the noise of that change and a verdict: slower / faster / same /
+    ambiguous (reports.noise), or a status change ('now <status>' when HEAD stopped
+    passing, 'fixed', 'new', 'gone')."""
+    cols = [*SERIES_KEYS, *TIMING_COLS]
+    lb, lh = latest_records(base), latest_records(head)
+    for frame in (lb, lh):
+        for col in TIMING_COLS:
+            if col not in frame:
+                frame[col] = float("nan")
+    merged = lb[cols].merge(lh[cols], on=SERIES_KEYS, how="outer", suffixes=("_base", "_head"))
+    rows = [_verdict(row, min_change) for _, row in merged.iterrows()]
+    merged["change"] = [r[1] for r in rows]
+    merged["noise"] = [r[2] for r in rows]
+    merged["verdict"] = [r[0] for r in rows]
+    merged["why"] = [r[3] for r in rows]
     return merged
 
 
-def _verdict(row, min_change: float) -> tuple[str, float | None]:
+def _verdict(row, min_change: float) -> tuple[str, float | None, float | None, str]:
+    """A status change, or the timing judgement when both sides carry a time (passed, or
+    `inaccurate`: a third-party baseline timed although its check failed)."""
     sb, sh = row["status_base"], row["status_head"]
     if pd.isna(sb):
-        return "new", None
+        return "new", None, None, ""
     if pd.isna(sh):
-        return "gone", None
+        return "gone", None, None, ""
+    timed = sb in TIMED_STATUSES and sh in TIMED_STATUSES and row["median_us_base"] > 0 and row["median_us_head"] > 0
+    j = noise.judge(sample(row, "_base"), sample(row, "_head"), min_change) if timed else None
     if sb == "passed" and sh != "passed":
-        return f"now {sh}", None
+        return (f"now {sh}", j.change, j.noise, f"timed: {j.verdict}") if j else (f"now {sh}", None, None, "")
     if sb != "passed" and sh == "passed":
-        return "fixed", None
-    if sb != "passed" or not (row["median_us_base"] > 0 and row["median_us_head"] > 0):
-        return "not timed", None
-    base = noise.Sample(row["median_us_base"], row["p10_us_base"], row["p90_us_base"])
-    head = noise.Sample(row["median_us_head"], row["p10_us_head"], row["p90_us_head"])
-    return noise.classify(base, head, min_change), noise.relative_change(base, head)
+        return "fixed", None, None, ""
+    if j is None:
+        return "not timed", None, None, ""
+    return j.verdict, j.change, j.noise, j.reason

@@ -127,8 +127,8 @@ def _bandwidth_display(frame: pd.DataFrame) -> pd.DataFrame:
         "of read ceiling": [pct(v) for v in frame["frac_read_ceiling"]],
         "paper H100": [pct(v, q) for v, q in zip(frame["paper_h100"], frame["paper_h100_qualifier"])],
         "paper B200": [pct(v, q) for v, q in zip(frame["paper_b200"], frame["paper_b200_qualifier"])],
-        "our H200 ref. (§7)": [pct(v) for v in frame["h200_reference_frac_bus"]],
-        "target (§8)": [pct(v, q) for v, q in zip(frame["target_frac_bus"], frame["target_qualifier"])],
+        "our H200 ref. (h200-ref)": [pct(v) for v in frame["h200_reference_frac_bus"]],
+        "target (targets)": [pct(v, q) for v, q in zip(frame["target_frac_bus"], frame["target_qualifier"])],
     })
     return out
 
@@ -136,15 +136,19 @@ def _bandwidth_display(frame: pd.DataFrame) -> pd.DataFrame:
 def case_speedups(records: pd.DataFrame) -> pd.DataFrame:
     """Per case: our kernel's time against each baseline's on the same shape and GPU.
 
-    Only passed records count. A baseline that ran one shape in several formats (e.g. two
-    K/V modes) contributes the median of its times for that shape.
+    Our records count when they passed; a baseline's when it carries a time, `inaccurate`
+    ones too (a third party timed although its check failed), flagged in `over_inaccurate`.
+    A baseline that ran one shape in several formats (e.g. two K/V modes) contributes the
+    median of its times for that shape.
     """
-    ok = records[(records["status"] == "passed") & (records["median_us"] > 0)]
-    ours = ok[[catalog.is_ours(b, f) for b, f in zip(ok["backend"], ok["family"])]]
+    ok = catalog.timed(records)
+    ours = ok[[catalog.is_ours(b, f) and st == "passed" for b, f, st in zip(ok["backend"], ok["family"], ok["status"])]]
     base = ok[[catalog.is_baseline(b, f) for b, f in zip(ok["backend"], ok["family"])]]
     if ours.empty or base.empty:
-        return pd.DataFrame(columns=[*SHAPE, "backend", "over", "ours_us", "over_us", "speedup"])
-    base_t = base.groupby([*SHAPE, "backend"], as_index=False)["median_us"].median()
+        return pd.DataFrame(columns=[*SHAPE, "backend", "over", "ours_us", "over_us", "speedup", "over_inaccurate"])
+    base = base.assign(over_inaccurate=base["status"] == "inaccurate")
+    base_t = base.groupby([*SHAPE, "backend"], as_index=False).agg(
+        median_us=("median_us", "median"), over_inaccurate=("over_inaccurate", "any"))
     base_t = base_t.rename(columns={"backend": "over", "median_us": "over_us"})
     pairs = ours[[*SHAPE, "backend", "k_mode", "v_mode", "group_size", "median_us"]].merge(base_t, on=SHAPE)
     pairs = pairs.rename(columns={"median_us": "ours_us"})
@@ -162,6 +166,7 @@ def speedup_table(records: pd.DataFrame) -> Table:
         target = paper.lookup("targets", "speedup", "speedup_geomean", ours, None, over)
         rows.append({
             "gpu_name": gpu, "kernel": ours, "over": over, "n_cases": len(g),
+            "n_over_inaccurate": int(g["over_inaccurate"].sum()),
             "geomean_speedup": float(np.exp(np.log(g["speedup"]).mean())),
             "min_speedup": g["speedup"].min(), "max_speedup": g["speedup"].max(),
             "batches": ",".join(str(int(b)) for b in sorted(g["batch"].unique())),
@@ -183,11 +188,12 @@ def speedup_table(records: pd.DataFrame) -> Table:
         "ours": frame["kernel"].map(catalog.label),
         "over": frame["over"].map(catalog.label),
         "cases": frame["n_cases"],
+        "of which over an inaccurate baseline": frame["n_over_inaccurate"],
         "geomean speedup": [f"{v:.2f}x" for v in frame["geomean_speedup"]],
         "range": [f"{a:.2f}x to {b:.2f}x" for a, b in zip(frame["min_speedup"], frame["max_speedup"])],
         "paper H100": [num(v, "{:.2f}x", q) for v, q in zip(frame["paper_h100"], frame["paper_h100_qualifier"])],
         "paper B200": [num(v, "{:.2f}x", q) for v, q in zip(frame["paper_b200"], frame["paper_b200_qualifier"])],
-        "target (§8, H200 grid)": [num(v, "{:.1f}x", q) for v, q in zip(frame["target"], frame["target_qualifier"])],
+        "target (targets, H200 grid)": [num(v, "{:.1f}x", q) for v, q in zip(frame["target"], frame["target_qualifier"])],
     })
     return Table("speedups", "Geometric-mean speedups of our kernels", frame, display, notes=notes)
 
@@ -204,6 +210,7 @@ def accuracy_table(records: pd.DataFrame) -> Table:
         rows.append({
             "gpu_name": gpu, "backend": backend, "bits": bits, "n_records": len(g),
             "n_incorrect": int((g["status"] == "incorrect").sum()),
+            "n_inaccurate": int((g["status"] == "inaccurate").sum()),
             "rel_error_median": g["rel_error"].median(), "rel_error_max": g["rel_error"].max(),
             "quant_rel_error_median": g["quant_rel_error"].median(),
             "quant_rel_error_max": g["quant_rel_error"].max(),
@@ -212,13 +219,35 @@ def accuracy_table(records: pd.DataFrame) -> Table:
     display = pd.DataFrame({
         "GPU": frame["gpu_name"], "backend": frame["backend"].map(catalog.label),
         "bits": [num(b, "{:.0f}") for b in frame["bits"]], "records": frame["n_records"],
-        "incorrect": frame["n_incorrect"],
+        "incorrect": frame["n_incorrect"], "inaccurate (timed)": frame["n_inaccurate"],
         "rel. error vs float64, median": [num(v, "{:.2e}") for v in frame["rel_error_median"]],
         "max": [num(v, "{:.2e}") for v in frame["rel_error_max"]],
         "quantization alone, median": [num(v, "{:.2e}") for v in frame["quant_rel_error_median"]],
         "max ": [num(v, "{:.2e}") for v in frame["quant_rel_error_max"]],
     })
     return Table("accuracy", "Relative L2 error", frame, display)
+
+
+def failed_gate_table(records: pd.DataFrame) -> Table:
+    """Every record that failed the accuracy gate: the figures draw them (a red X on the
+    axis when untimed, hollow when timed); this lists them."""
+    bad = records[records["status"].isin(catalog.GATE_FAILED)]
+    if bad.empty:
+        empty = pd.DataFrame()
+        return Table("failed_gate", "Failed the accuracy gate", empty, empty,
+                     notes=["No record failed the accuracy gate."])
+    bad = bad.sort_values(["gpu_name", "backend", "batch", "kv_len"], key=_order_key)
+    frame = bad[["gpu_name", "backend", "batch", "kv_len", "bits", "k_mode", "v_mode", "group_size", "status",
+                 "rel_error", "median_us", "reason"]].reset_index(drop=True)
+    display = pd.DataFrame({
+        "GPU": frame["gpu_name"], "backend": frame["backend"].map(catalog.label),
+        "batch": [num(v, "{:.0f}") for v in frame["batch"]], "KV": [num(v, "{:.0f}") for v in frame["kv_len"]],
+        "format": [fmt_label(r) or f"{r['bits']:.0f}-bit" for _, r in frame.iterrows()],
+        "status": frame["status"], "rel. error": [num(v, "{:.2e}") for v in frame["rel_error"]],
+        "time (µs)": [num(v, "{:.1f}") for v in frame["median_us"]],
+        "reason": frame["reason"].fillna("").map(lambda t: str(t)[:160]),
+    })
+    return Table("failed_gate", "Records that failed the accuracy gate", frame, display)
 
 
 def status_table(records: pd.DataFrame) -> Table:

@@ -4,6 +4,12 @@
 #   STAGES="tests lab profile" bash scripts/h200_record.sh   are the kernels right, how fast, why
 #   STAGES="paper alu" bash scripts/h200_record.sh           every backend at the paper point
 #   STAGES="full" RESUME=<run id> bash scripts/h200_record.sh  the full grid, resumable
+#   STAGES="ceiling nvfp4" bash scripts/h200_record.sh       the searched read ceiling; FlashInfer NVFP4 vs its own timer
+#   STAGES="bdbuild bdprobe" bash scripts/h200_record.sh     build BitDecoding (carried in .bitdecoding/), probe INT4/INT2
+# With .bitdecoding/build present (bdbuild), `paper` times BitDecoding too. The `ceiling`
+# stage keeps its result in .foscar-cache/ceiling.json, and `paper` and `full` (in this call
+# or a later one on the same machine) reuse it instead of searching again; CEILING=<json>
+# names another.
 # Everything lands in $OUT/record.tar.gz (the call brings back at most 8 files) and the log
 # in $OUT/record.log. The device copy has no .git: pass FOSCAR_GIT_SHA=<commit> for the store.
 # The FlashInfer wheels travel in .whl (scripts/../shared/gpu/wheelhouse.sh fills it).
@@ -18,6 +24,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site:.
 fi
+if [[ -d .bitdecoding/build ]]; then export PYTHONPATH=$PWD/.bitdecoding/build:$PWD/.bitdecoding:$PYTHONPATH; fi
 smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv,noheader; }
 echo "== start $(date -u +%FT%TZ) stages: $STAGES; $(smi)" | tee "$LOG"
 
@@ -25,7 +32,9 @@ LAB_VARIANTS="v5= c2=FOSCAR_CTAS_INT4=2,FOSCAR_CTAS_INT2=2 deep=FOSCAR_STAGES_IN
 BACKENDS_PAPER=flashinfer-bf16-tc,flashinfer-bf16,flashinfer-fp8,trtllm-xqa-fp8,flashinfer-nvfp4-tc,trtllm-nvfp4,bitdecoding-int4,bitdecoding-int2,foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2
 BACKENDS_FULL=flashinfer-bf16-tc,trtllm-xqa-fp8,foscar-int4,foscar-int2
 
+[[ -z "${CEILING:-}" && -s "$FOSCAR_CACHE_DIR/ceiling.json" ]] && CEILING=$FOSCAR_CACHE_DIR/ceiling.json
 for stage in $STAGES; do
+    [[ -z "${CEILING:-}" && -s "$FOSCAR_CACHE_DIR/ceiling.json" ]] && CEILING=$FOSCAR_CACHE_DIR/ceiling.json
     echo "== $stage $(date -u +%T) $(smi)" | tee -a "$LOG"
     case $stage in
     tests)  # the kernels' and the harness's GPU tests, default build
@@ -39,16 +48,28 @@ for stage in $STAGES; do
         VARIANTS="v5=" PROFILE=v5 CONFIGS=4ct,2ct OUT="$W/ncu" LAB_TIMEOUT=120 bash scripts/h200_lab.sh 2>&1 \
             | grep -E "Duration|Issued Warp|Eligible|Warp Cycles" | tee -a "$LOG" ;;
     paper)
-        timeout 420 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" \
-            --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
+        timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" \
+            ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
     alu)
         RUN=$(python3 -c "from core.store import ResultStore; print(ResultStore('$W/paper.sqlite', readonly=True).latest_run())")
         timeout 240 python3 -m suite alu -b foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2,flashinfer-bf16-tc,trtllm-xqa-fp8 \
             --batch 128 --kv-len 32768 --iters 2 --run "$RUN" --db "$W/paper.sqlite" --json-out "$W/alu.json" 2>&1 | tail -16 | tee -a "$LOG" ;;
     full)
         timeout 540 python3 -m suite sweep --preset full --backends "$BACKENDS_FULL" --db "$W/full.sqlite" \
-            ${RESUME:+--resume "$RESUME"} --no-progress 2>&1 | tail -20 | tee -a "$LOG" ;;
-    *) echo "unknown stage $stage (tests lab profile paper alu full)" | tee -a "$LOG" ;;
+            ${RESUME:+--resume "$RESUME"} ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -20 | tee -a "$LOG" ;;
+    ceiling)  # the read ceiling, searched over kernels and launch shapes, with its spread
+        timeout 300 python3 -m suite ceiling --json "$W/ceiling.json" 2>&1 | tail -14 | tee -a "$LOG"
+        # later stages, and later calls on the same machine, reuse it
+        [[ -s "$W/ceiling.json" ]] && mkdir -p "$FOSCAR_CACHE_DIR" && cp "$W/ceiling.json" "$FOSCAR_CACHE_DIR/ceiling.json" ;;
+    nvfp4)  # flashinfer-nvfp4-tc against FlashInfer's own timer and benchmark configuration
+        timeout 540 python3 scripts/flashinfer_nvfp4_check.py --json "$W/nvfp4_check.json" 2>&1 | tail -10 | tee -a "$LOG" ;;
+    bdbuild)  # BitDecoding's extension for sm_90 (about 2.5 minutes); kept in .bitdecoding/build
+        timeout 560 python3 scripts/bitdecoding_build.py --src .bitdecoding 2>&1 | tail -5 | tee -a "$LOG"
+        export PYTHONPATH=$PWD/.bitdecoding/build:$PWD/.bitdecoding:$PYTHONPATH ;;
+    bdprobe)  # its error against unquantized attention beside plain min-max, and its cache read back
+        timeout 420 python3 scripts/bitdecoding_probe.py --json "$W/bitdecoding_probe.json" 2>&1 | grep -v '^{' \
+            | tee -a "$LOG" ;;
+    *) echo "unknown stage $stage (tests lab profile paper alu full ceiling nvfp4 bdbuild bdprobe)" | tee -a "$LOG" ;;
     esac
     pack
 done

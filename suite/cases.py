@@ -217,3 +217,24 @@ def parse_str_list(text: str | None) -> list[str] | None:
     if text is None:
         return None
     return [p.strip() for p in str(text).split(",") if p.strip()]
+
+
+REPRO_DB = "results/repro.sqlite"
+
+
+def reproducer(case: Case, backend: str, gpu_index: int | None = None) -> str:
+    """The command that re-runs exactly this (case, backend): the shape by its model when it
+    is one (else the three head numbers), every axis of the case spelt out with the value
+    the backend ran (so `case_for` maps it onto itself), one device, a store of its own."""
+    import shlex
+
+    words = ["foscar-bench", "sweep", "--backends", backend]
+    shape = (case.num_q_heads, case.num_kv_heads, case.head_dim)
+    if MODELS.get(case.model) == shape:
+        words += ["--model", case.model]
+    else:
+        words += ["--num-q-heads", str(shape[0]), "--num-kv-heads", str(shape[1]), "--head-dim", str(shape[2])]
+    for name in axes():
+        words += [f"--{name.replace('_', '-')}", str(getattr(case, name))]
+    words += ["--cpu"] if gpu_index is None or gpu_index < 0 else ["--gpus", str(gpu_index)]
+    return shlex.join(words + ["--db", REPRO_DB])

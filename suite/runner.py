@@ -15,7 +15,8 @@ from baselines.base import Backend, CompileError, Prepared, SourceKV, Unsupporte
 from core.case import Case
 from core.gpu import GpuInfo
 from core.record import CheckFields, GpuFields, Record, TimingFields, TrafficFields
-from suite.timing import Timing, l2_flush, l2_plan, time_cpu, time_gpu
+from suite.cases import reproducer
+from suite.timing import Timing, l2_flush, l2_plan, time_cpu, time_gpu, verify_rotation
 
 MAX_CHECK_SEQS = 4  # sequences the float64 reference checks in big cases
 MAX_ROTATE_COPIES = 32
@@ -50,6 +51,7 @@ class WorkerContext:
     nvml_handle: Any = None
     source_key: tuple | None = None
     source: SourceKV | None = None
+    built: set = field(default_factory=set)  # (backend, warm-up case key) already built here
 
     @property
     def is_cuda(self) -> bool:
@@ -75,9 +77,12 @@ def classify(exc: BaseException) -> tuple[str, str, bool]:
 
 
 def new_record(case: Case, backend: Backend, gpu: GpuFields | None = None) -> Record:
-    """A record of `backend` on `case`, before anything is known of how it went."""
-    return Record(case=case, backend=backend.name, family=backend.family, gpu=gpu or GpuFields(),
-                  check=CheckFields(tolerance=backend.tolerance))
+    """A record of `backend` on `case`, before anything is known of how it went, with the
+    command that re-runs it."""
+    gpu = gpu or GpuFields()
+    return Record(case=case, backend=backend.name, family=backend.family, gpu=gpu,
+                  check=CheckFields(tolerance=backend.tolerance),
+                  reproducer=reproducer(case, backend.name, gpu.gpu_index))
 
 
 def gpu_fields(ctx: WorkerContext) -> GpuFields:
@@ -240,11 +245,11 @@ def measure(case: Case, backend: Backend, ctx: WorkerContext) -> tuple[Record, b
         rec.traffic.bytes = nbytes = prepared.bytes or traffic.total
         rec.notes = prepared.notes or None
         rec.check, wrong = check(case, backend, prepared, source, ctx)
-        if wrong:
-            rec.status, rec.reason = "incorrect", wrong
+        if wrong and not backend.third_party:
+            rec.status, rec.reason = "incorrect", wrong  # our kernels: the hard gate, untimed
             return rec, False
         rec.timing = _time(case, backend, prepared, source, ctx, nbytes)
-        rec.status = "passed"
+        rec.status, rec.reason = ("inaccurate", wrong) if wrong else ("passed", None)
         rec.derive()
         return rec, False
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a record
@@ -272,10 +277,37 @@ def context_healthy(ctx: WorkerContext) -> bool:
         return False
 
 
+def warm_up(case: Case, backend: Backend, ctx: WorkerContext) -> float | None:
+    """Build or load the backend's kernels for `case` on a small case of the same format
+    (Backend.warmup_case), once per worker; returns the seconds it took, or None when there
+    was nothing to do. Failures are left for the case itself to meet and record."""
+    small = backend.warmup_case(case)
+    if small is None or (backend.name, small.key) in ctx.built:
+        return None
+    ctx.built.add((backend.name, small.key))
+    if backend.supports(small, ctx.gpu) or (backend.needs_cuda and not ctx.is_cuda):
+        return None
+    t0 = time.time()
+    try:
+        src = make_source(small, ctx.device)
+        prepared = backend.prepare(small, src)
+        prepared.run()
+        if ctx.is_cuda:
+            import torch
+
+            torch.cuda.synchronize(ctx.device)
+    except Exception:  # noqa: BLE001 - the case reports its own failure
+        pass
+    return round(time.time() - t0, 3)
+
+
 def timing_fields(timing: Timing) -> TimingFields:
+    spread = timing.spread if math.isfinite(timing.spread) else None
     return TimingFields(median_us=timing.median_us, p10_us=timing.p10_us, p90_us=timing.p90_us,
-                        n_samples=timing.n_samples, timing_method=timing.method,
-                        timing_note=timing.note or None, l2_policy=timing.l2_policy)
+                        n_samples=timing.n_samples, spread=spread, ci_low_us=timing.ci_low_us,
+                        ci_high_us=timing.ci_high_us, stop_reason=timing.stop_reason or None,
+                        timing_method=timing.method, timing_note=timing.note or None,
+                        l2_policy=timing.l2_policy)
 
 
 def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ctx: WorkerContext,
@@ -283,13 +315,17 @@ def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
     """Time the prepared step the harness's way: cold L2 (rotated copies or a flush), CUDA
     graphs where they capture, the clocks sampled around it; on the CPU, plain calls."""
     if not ctx.is_cuda:
-        return timing_fields(time_cpu([prepared.run]))
+        fields = timing_fields(time_cpu([prepared.run]))
+        fields.l2_verdict = "n/a (cpu)"
+        return fields
     from suite.envinfo import clock_sample
 
-    copies, policy, detail = l2_plan(nbytes, ctx.gpu.l2_bytes, MAX_ROTATE_COPIES)
+    plan = l2_plan(nbytes, ctx.gpu.l2_bytes, MAX_ROTATE_COPIES)
     preps = [prepared]
-    for _ in range(copies - 1):
+    for _ in range(plan.copies - 1):
         preps.append(backend.prepare(case, clone_source(source)))
+    plan = verify_rotation(plan, preps, nbytes)  # from what the copies hold, not what was asked
+    policy = plan.policy
     flush = None
     if policy == "flush":
         flush = l2_flush(2 * (ctx.gpu.l2_bytes or 50 << 20), ctx.device)
@@ -303,7 +339,7 @@ def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
     after = after or clock_sample(ctx.nvml, ctx.nvml_handle)
     reasons = sorted(set(before.get("throttle_reasons") or []) | set(after.get("throttle_reasons") or []))
     fields = timing_fields(timing)
-    fields.l2_detail = detail
+    fields.l2_detail, fields.l2_verdict, fields.l2_reuse_bytes = plan.detail, plan.verdict, plan.reuse_bytes
     fields.sm_clock_mhz_before = before.get("sm_clock_mhz")
     fields.sm_clock_mhz_after = after.get("sm_clock_mhz")
     fields.mem_clock_mhz_after = after.get("mem_clock_mhz")

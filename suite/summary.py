@@ -71,7 +71,7 @@ def summary_table(df: pd.DataFrame, title: str | None = None):
         return table
     df = df.sort_values(["batch", "kv_len", "num_q_heads", "bits", "backend"], kind="stable")
     vary = _varying(df)
-    colors = {"passed": "green", "incorrect": "red", "crashed": "red", "timeout": "red",
+    colors = {"passed": "green", "inaccurate": "yellow", "incorrect": "red", "crashed": "red", "timeout": "red",
               "compile_error": "red", "unsupported": "yellow", "skipped": "yellow"}
     notes = []
     for r in df.itertuples(index=False):

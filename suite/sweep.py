@@ -4,6 +4,7 @@ store, one committed record at a time; a worker that dies or hangs is replaced a
 case recorded `crashed` or `timeout`."""
 from __future__ import annotations
 
+import hashlib
 import multiprocessing as mp
 import os
 import queue
@@ -19,7 +20,8 @@ from core.record import GpuFields, Record
 from core.store import ResultStore, record_key
 from suite.runner import new_record
 
-CASE_TIMEOUT_S = 900.0  # FlashInfer may JIT-compile a kernel on its first case
+CASE_TIMEOUT_S = 900.0  # a case's own work: prepare, check, timing (its kernels are built before)
+BUILD_TIMEOUT_S = 1800.0  # building or loading a backend's kernels (a FlashInfer JIT compile)
 START_TIMEOUT_S = 600.0  # a worker's start: CUDA init plus the read-ceiling kernel
 MAX_START_FAILURES = 3
 
@@ -42,7 +44,8 @@ class Slot:
     proc: Any = None
     task_q: Any = None
     item: Item | None = None
-    started_at: float | None = None
+    building_since: float | None = None  # its worker is building the item's kernels
+    started_at: float | None = None  # the item's own timer (after the build)
     hello: dict | None = None
     start_failures: int = 0
     disabled: str | None = None
@@ -58,7 +61,9 @@ class Slot:
 class SweepOptions:
     devices: list[str]
     case_timeout_s: float = CASE_TIMEOUT_S
+    build_timeout_s: float = BUILD_TIMEOUT_S
     read_ceiling: bool = True
+    ceiling: dict | None = None  # a read ceiling measured before (`foscar-bench ceiling --json`)
     log_dir: str | None = None
 
 
@@ -99,7 +104,7 @@ class Sweep:
         self.results = self.ctx.Queue()
         self.slots = [Slot(i, d) for i, d in enumerate(options.devices)]
         self.outcome = SweepOutcome(run_id)
-        self.known_ceilings: dict[str, dict] = {}
+        self.known_ceilings: dict[str, dict] = {d: options.ceiling for d in options.devices if options.ceiling}
         self.requeued: set[int] = set()
 
     # --- workers ------------------------------------------------------------------------
@@ -185,7 +190,7 @@ class Sweep:
         item = self._next_item(slot)
         if item is None:
             return
-        slot.item, slot.started_at = item, None
+        slot.item, slot.started_at, slot.building_since = item, None, None
         slot.last_shape = item.case.shape_key
         slot.task_q.put((item.item_id, item.case, item.backend))
 
@@ -236,9 +241,12 @@ class Sweep:
         elif kind == "start_failed":
             slot.last_error = msg[2]
             self.on_status(f"worker on device {slot.device} could not start: {msg[2]}")
+        elif kind == "building":
+            if slot.item is not None and slot.item.item_id == msg[2]:
+                slot.building_since = time.time()
         elif kind == "start":
             if slot.item is not None and slot.item.item_id == msg[2]:
-                slot.started_at = time.time()
+                slot.started_at, slot.building_since = time.time(), None
         elif kind == "record":
             item = slot.item
             # Only the record of the item this slot's worker holds counts: a late record from
@@ -247,7 +255,7 @@ class Sweep:
                 if len(msg) > 4 and msg[4]:
                     slot.retiring = True
                 self._write(item, msg[3], slot)
-                slot.item, slot.started_at = None, None
+                slot.item, slot.started_at, slot.building_since = None, None, None
 
     def _watch(self) -> None:
         now = time.time()
@@ -288,6 +296,16 @@ class Sweep:
                     slot.item = None
                 self._restart(slot)
                 continue
+            if slot.item is not None and slot.building_since is not None:
+                if now - slot.building_since > self.options.build_timeout_s:
+                    item = slot.item
+                    self._stop(slot, kill=True)
+                    reason = (f"its kernels were still building after {self.options.build_timeout_s:.0f} s "
+                              "(before the case's own timer); the worker was killed and replaced")
+                    self._write(item, self._lost(item, "timeout", reason, slot), slot)
+                    slot.item, slot.building_since = None, None
+                    self._restart(slot)
+                continue
             if slot.item is not None and slot.started_at is not None:
                 if now - slot.started_at > self.options.case_timeout_s:
                     item = slot.item
@@ -324,6 +342,37 @@ def plan_items(cases: list[Case], backends: list[Backend]) -> list[Item]:
     from suite.cases import pair
 
     return [Item(i, c, b) for i, (c, b) in enumerate(pair(cases, backends))]
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """'2/8' -> (2, 8): shard 2 of 8, counted from 0 (a Slurm array --array=0-7)."""
+    if text is None:
+        return None
+    try:
+        index, count = (int(p) for p in str(text).split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r} is not I/N; write e.g. 0/4 for the first of four shards.") from None
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"--shard {text}: I must be in 0..N-1 (N >= 1); got I={index}, N={count}.")
+    return index, count
+
+
+def _shard_rank(key: str) -> tuple[str, str]:
+    return hashlib.sha256(key.encode()).hexdigest(), key
+
+
+def shard_keys(keys: list[str], index: int, count: int) -> set[str]:
+    """Shard `index` of `count` of the item keys ('case key|backend'): ranked by their
+    SHA-256 and dealt round-robin, so every host computes the same split from the same grid
+    whatever the order of axes and --backends (and whatever Python's hash seed), the shards
+    differ in size by at most one item and each gets a mix of shapes and backends."""
+    return set(sorted(keys, key=_shard_rank)[index::count])
+
+
+def shard_items(items: list[Item], index: int, count: int) -> list[Item]:
+    """The items of one shard (shard_keys), in plan order."""
+    mine = shard_keys([it.key for it in items], index, count)
+    return [it for it in items if it.key in mine]
 
 
 def run_sweep(

@@ -46,11 +46,13 @@ def make_context(device_spec: str, opts: dict[str, Any]):
     gpu = GpuInfo.from_torch(index, env)
     ctx = WorkerContext(device=torch.device("cuda", index), gpu=gpu, gpu_env=env, nvml=nv, nvml_handle=handle)
     ceiling = opts.get("known_ceilings", {}).get(device_spec)
+    if ceiling and ceiling.get("gpu_name") not in (None, gpu.name):
+        ceiling = None  # measured on another GPU model: measure this one
     if ceiling is None and opts.get("read_ceiling", True):
         from suite.readceiling import measure_read_ceiling
 
         try:
-            ceiling = measure_read_ceiling(ctx.device)
+            ceiling = measure_read_ceiling(ctx.device, quick=bool(opts.get("read_ceiling_quick")))
         except Exception as exc:  # noqa: BLE001 - a missing ceiling is a missing column
             ceiling = {"read_ceiling_tbps": None, "method": f"failed: {type(exc).__name__}: {exc}"}
     if ceiling:
@@ -65,7 +67,7 @@ def worker_main(slot: int, device_spec: str, task_q: Any, result_q: Any, opts: d
     _redirect_output(opts.get("log_path"))
     try:
         ctx = make_context(device_spec, opts)
-        from suite.runner import gpu_fields, measure, new_record
+        from suite.runner import gpu_fields, measure, new_record, warm_up
     except BaseException as exc:  # noqa: BLE001
         traceback.print_exc()
         result_q.put(("start_failed", slot, f"{type(exc).__name__}: {exc}"))
@@ -80,10 +82,19 @@ def worker_main(slot: int, device_spec: str, task_q: Any, result_q: Any, opts: d
         if task is None:
             break
         item_id, case, backend = task
-        result_q.put(("start", slot, item_id))
         print(f"[worker {slot}] {backend.name} {case.key}", flush=True)
+        # Kernels are built or loaded before the case's timer starts (the parent gives the
+        # build a timeout of its own): a JIT compile is not a hang.
+        result_q.put(("building", slot, item_id))
+        try:
+            build_s = warm_up(case, backend, ctx)
+        except BaseException:  # noqa: BLE001 - warm_up should not raise; the case will say why
+            traceback.print_exc()
+            build_s = None
+        result_q.put(("start", slot, item_id))
         try:
             record, fatal = measure(case, backend, ctx)
+            record.build_s = build_s
         except BaseException as exc:  # noqa: BLE001 - measure() should not raise; be safe
             traceback.print_exc()
             record, fatal = new_record(case, backend, gpu_fields(ctx)), True

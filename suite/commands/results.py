@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -13,9 +13,9 @@ import typer
 CORE_FIELDS = (
     "run_id", "backend", "family", "batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim",
     "bits", "k_mode", "v_mode", "group_size", "page_size", "model", "gpu_name", "gpu_uuid", "status",
-    "reason", "median_us", "p10_us", "p90_us", "n_samples", "bytes", "eff_bandwidth_tbps",
+    "reason", "median_us", "p10_us", "p90_us", "n_samples", "spread", "bytes", "eff_bandwidth_tbps",
     "frac_peak_bus", "frac_peak_datasheet", "frac_read_ceiling", "rel_error", "quant_rel_error",
-    "l2_policy", "throttled", "case_key", "started_at", "git_sha", "git_dirty",
+    "l2_policy", "l2_verdict", "throttled", "build_s", "reproducer", "case_key", "started_at", "git_sha", "git_dirty",
 )
 
 
@@ -57,9 +57,28 @@ def record_dicts(df) -> list[dict]:
     return rows
 
 
+def merge(out: Path, inputs: list[Path]) -> None:
+    """`results merge OUT IN...`: join stores into OUT, every run and record once, nothing
+    lost; running it again changes nothing (core.store.merge_stores)."""
+    from core.store import MergeError, StoreError, merge_stores
+
+    try:
+        counts = merge_stores(out, inputs)
+    except (MergeError, StoreError) as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2)
+    typer.echo(f"merged {len(counts.inputs)} store(s) into {out}: {counts.records_added} record(s) added, "
+               f"{counts.records_present} already there; {counts.runs_added} run(s) added, "
+               f"{counts.runs_combined} combined from shards.")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("results")
     def results(
+        action: Optional[List[str]] = typer.Argument(
+            None, metavar="[merge OUT IN...]",
+            help="`merge OUT IN1 IN2 ...` joins stores (one per shard) into OUT: every run and record "
+            "once, nothing lost; running it again changes nothing."),
         run: Optional[str] = typer.Option(None, "--run", help="Run id (default: the latest run)."),
         all_runs: bool = typer.Option(False, "--all", help="Every run in the store."),
         runs: bool = typer.Option(False, "--runs", help="List the runs and exit."),
@@ -70,7 +89,15 @@ def register(app: typer.Typer) -> None:
         backend: Optional[str] = typer.Option(None, "--backend", help="Only these backends (comma list)."),
         db: Path = typer.Option(Path("results/foscar.sqlite"), "--db", help="Results store (SQLite)."),
     ) -> None:
-        """Records of a run: a table by default; --json, --csv, --parquet export every field."""
+        """Records of a run: a table by default; --json, --csv, --parquet export every field.
+        `results merge OUT IN...` joins stores."""
+        if action:
+            if action[0] != "merge" or len(action) < 3:
+                typer.echo(f"results takes no {' '.join(action)!r}; the one action is `results merge OUT IN1 [IN2 ...]`.",
+                           err=True)
+                raise typer.Exit(2)
+            merge(Path(action[1]), [Path(a) for a in action[2:]])
+            return
         import pandas as pd
         from rich.console import Console
 

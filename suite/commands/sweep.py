@@ -2,6 +2,7 @@
 each against the float64 reference, time it, and store the records."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -50,10 +51,14 @@ def register(app: typer.Typer) -> None:
         gpus: Optional[str] = typer.Option(None, "--gpus", help="CUDA indices, e.g. 0,1. Default: every visible GPU."),
         db: Path = typer.Option(Path("results/foscar.sqlite"), "--db", help="Results store (SQLite)."),
         resume: Optional[str] = typer.Option(None, "--resume", help="Continue run RUN: skip its finished cases."),
+        shard: Optional[str] = typer.Option(None, "--shard", help="Run shard I of N (I from 0) of the expanded items, e.g. 3/8: one per host; `results merge` joins the stores."),
+        run_id: Optional[str] = typer.Option(None, "--run-id", help="Name the run (e.g. one id for every shard of a job array); continues it if the store already holds it with the same settings."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cases and exit."),
         list_backends: bool = typer.Option(False, "--list-backends", help="List backends and whether they can run here."),
-        case_timeout: float = typer.Option(900.0, "--case-timeout", help="Seconds before a case is recorded `timeout`."),
+        case_timeout: float = typer.Option(900.0, "--case-timeout", help="Seconds before a case is recorded `timeout` (its kernels' build is timed apart)."),
+        build_timeout: float = typer.Option(1800.0, "--build-timeout", help="Seconds a backend may take to build or load its kernels (a JIT compile) before its first case."),
         read_ceiling: bool = typer.Option(True, "--read-ceiling/--no-read-ceiling", help="Measure the streaming-read ceiling once per GPU."),
+        ceiling_from: Optional[Path] = typer.Option(None, "--ceiling-from", help="Use the read ceiling a `foscar-bench ceiling --json F` run measured on this GPU model instead of searching again."),
         cpu: bool = typer.Option(False, "--cpu", hidden=True, help="Run workers on the CPU (tests the harness only)."),
         progress: bool = typer.Option(True, "--progress/--no-progress"),
     ) -> None:
@@ -63,7 +68,7 @@ def register(app: typer.Typer) -> None:
         from baselines.base import all_backends, select_backends
         from core.store import ResultStore, StoreError
         from suite.cases import expand, make_spec, parse_int_list, parse_str_list
-        from suite.sweep import plan_items
+        from suite.sweep import parse_shard, plan_items, shard_items
 
         console = Console()
         if list_backends:
@@ -77,6 +82,7 @@ def register(app: typer.Typer) -> None:
             axes.update(models=parse_str_list(model), num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                         head_dim=head_dim)
             backend_names = parse_str_list(backends)
+            shard_ix = parse_shard(shard)
             done: set[str] = set()
             if resume:
                 with ResultStore(db, readonly=True) as past:
@@ -89,10 +95,13 @@ def register(app: typer.Typer) -> None:
                     console.print(f"[yellow]--resume uses the run's own axes; ignoring {', '.join(given)}.")
                 spec = make_spec(None, **config["spec"])
                 backend_names = config["backends"]
+                shard_ix = parse_shard(config.get("shard"))
             else:
                 spec = make_spec(preset, **axes)
             chosen = select_backends(backend_names or spec.backends)
             items = plan_items(expand(spec), chosen)
+            if shard_ix:
+                items = shard_items(items, *shard_ix)
         except (ValueError, KeyError, StoreError) as exc:
             typer.echo(str(exc.args[0] if exc.args else exc), err=True)
             raise typer.Exit(2)
@@ -116,13 +125,27 @@ def register(app: typer.Typer) -> None:
             "devices": devices,
             "preset": preset,
         }
-        run_id = store.start_run(argv=sys.argv, config=config, env=collect(use_torch=False), run_id=resume)
+        if shard_ix:
+            config["shard"] = f"{shard_ix[0]}/{shard_ix[1]}"
+        if run_id and not resume and store.has_run(run_id):
+            _check_same_sweep(store.run_info(run_id)["config"], config, run_id, db)
+            console.print(f"run {run_id} is in {db} already: continuing it")
+        run_id = store.start_run(argv=sys.argv, config=config, env=collect(use_torch=False), run_id=resume or run_id)
         log_dir = db.parent / "logs" / run_id
         console.print(
             f"run {run_id}: {len(items)} items ({len({i.case.key for i in items})} cases x backends) "
             f"on {', '.join('cpu' if d == 'cpu' else 'cuda:' + d for d in devices)}; store {db}"
         )
-        options = SweepOptions(devices=devices, case_timeout_s=case_timeout, read_ceiling=read_ceiling and not cpu,
+        ceiling = None
+        if ceiling_from:
+            try:
+                ceiling = json.loads(ceiling_from.read_text())
+            except (OSError, ValueError) as exc:
+                typer.echo(f"--ceiling-from {ceiling_from}: not a ceiling JSON ({exc}); write one with "
+                           "`foscar-bench ceiling --json F`.", err=True)
+                raise typer.Exit(2)
+        options = SweepOptions(devices=devices, case_timeout_s=case_timeout, build_timeout_s=build_timeout,
+                               read_ceiling=read_ceiling and not cpu, ceiling=ceiling,
                                log_dir=str(log_dir))
         try:
             outcome = run_sweep(store=store, run_id=run_id, items=items, options=options, console=console, progress=progress)
@@ -139,6 +162,16 @@ def register(app: typer.Typer) -> None:
             f"all fields: foscar-bench results --run {run_id} --db {db} --json"
         )
         del outcome
+
+
+def _check_same_sweep(old: dict, new: dict, run_id: str, db) -> None:
+    """A named run is continued only by the sweep that began it (same axes, backends, shard)."""
+    keys = ("spec", "backends", "shard")
+    diff = [k for k in keys if old.get(k) != new.get(k)]
+    if diff:
+        typer.echo(f"run {run_id} in {db} was started with other {', '.join(diff)}; "
+                   "give a new --run-id, or --resume it to run its own settings.", err=True)
+        raise typer.Exit(2)
 
 
 def _parse_axes(named: dict, parse_int_list, parse_str_list) -> dict:

@@ -2,55 +2,23 @@
 buffer shapes and dtypes, the packing call, the decode call and the reference."""
 import math
 import sys
-import types
 
 import pytest
 import torch
 
 from baselines.base import GpuInfo, get_backend
 from baselines.bitdecoding import emulate_quant
+from bitdecoding_standin import standin
 from core.case import Case
 from suite.runner import WorkerContext, check, make_source
 
 H200 = GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0))
 
 
-def _stub_module(calls):
-    mod = types.ModuleType("bit_decode")
-    state = {}
-
-    def kvcache_pack_int(k_cache, k_pack, k_params, v_cache, v_pack, v_params, opt_block_table=None,
-                         cu_seqlens_k=None, seqlen_k=0, quant_mode="k-tensor", group_size=128, num_bits=4):
-        calls.append(dict(k=k_cache, k_pack=k_pack, k_params=k_params, v_pack=v_pack, v_params=v_params,
-                          cu=cu_seqlens_k, seqlen_k=seqlen_k, quant_mode=quant_mode, group_size=group_size,
-                          num_bits=num_bits, block_table=opt_block_table))
-        # a faithful stand-in: remember what the codes stand for
-        state[k_pack.data_ptr()] = (
-            emulate_quant(k_cache, num_bits, group_size, "token"),
-            emulate_quant(v_cache, num_bits, group_size, "channel"),
-        )
-
-    def fwd_kvcache_int(q, k_pack, k_params, v_pack, v_params, block_table=None, softmax_scale=1.0,
-                        quant_mode="k-tensor", group_size=128, num_bits=4):
-        calls.append(dict(fwd_q=q, block_table=block_table, scale=softmax_scale, quant_mode=quant_mode,
-                          group_size=group_size, num_bits=num_bits))
-        k, v = state[k_pack.data_ptr()]
-        b, _, hq, d = q.shape
-        hkv = k.shape[2]
-        qg = q.float().view(b, hkv, hq // hkv, d)
-        p = torch.softmax(torch.einsum("bhrd,bthd->bhrt", qg, k) * softmax_scale, dim=-1)
-        out = torch.einsum("bhrt,bthd->bhrd", p, v).reshape(b, 1, hq, d).half()
-        return out, None, None, None, None
-
-    mod.kvcache_pack_int = kvcache_pack_int
-    mod.fwd_kvcache_int = fwd_kvcache_int
-    return mod
-
-
 @pytest.fixture
 def stub(monkeypatch):
     calls = []
-    monkeypatch.setitem(sys.modules, "bit_decode", _stub_module(calls))
+    monkeypatch.setitem(sys.modules, "bit_decode", standin(calls))
     return calls
 
 
@@ -94,4 +62,21 @@ def test_supports_reasons(stub):
 def test_absent_module_is_unsupported(monkeypatch):
     monkeypatch.setitem(sys.modules, "bit_decode", None)  # import raises ImportError
     reason = get_backend("bitdecoding-int2").supports(Case(batch=1, kv_len=1024, bits=2, page_size=128), H200)
-    assert "pip install --no-build-isolation" in reason
+    assert "scripts/bitdecoding_build.py" in reason and "DD-DuDa/BitDecoding" in reason
+
+
+def test_emulation_follows_the_library_kernels():
+    """Codes from the fp32 inverse scale, halves rounded away from zero, scale and offset
+    stored in fp16, one fp16 rounding of code x scale + offset; a flat group is its min."""
+    # one K channel, one group of 4 tokens at INT2: lo 0, range 3 -> inverse scale 1
+    x = torch.tensor([0.0, 0.5, 1.5, 3.0], dtype=torch.float16).view(1, 4, 1, 1)
+    deq = emulate_quant(x, 2, 4, "token").flatten().tolist()
+    assert deq == [0.0, 1.0, 2.0, 3.0]  # 0.5 -> 1 and 1.5 -> 2: halves go up, not to even
+    flat = torch.full((1, 4, 1, 1), 0.3, dtype=torch.float16)
+    assert emulate_quant(flat, 2, 4, "token").flatten().tolist() == [float(torch.tensor(0.3).half())] * 4
+    # INT4 on a range whose scale is not an fp16 number: values are fp16 and within half a step
+    y = torch.linspace(-1.3, 2.1, 128).half().view(1, 1, 1, 128)
+    out = emulate_quant(y, 4, 128, "channel")
+    assert torch.equal(out, out.half().float())
+    step = (2.1 + 1.3) / 15
+    assert float((out - y.float()).abs().max()) <= step / 2 + 2e-3

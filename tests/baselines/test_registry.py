@@ -71,7 +71,7 @@ def test_missing_libraries_say_how_to_get_them():
         import bit_decode  # noqa: F401
     except ImportError:
         reason = get_backend("bitdecoding-int4").supports(Case(batch=1, kv_len=1024), H200)
-        assert "git clone https://github.com/OpenBitSys/BitDecoding" in reason
+        assert "git clone --recursive https://github.com/DD-DuDa/BitDecoding" in reason
 
 
 def test_nvfp4_trtllm_needs_blackwell():

@@ -39,3 +39,12 @@ def rendered_dashboard(fixture_store, tmp_path_factory) -> Path:
 
     db, _, _ = fixture_store
     return build_dashboard(open_store(db), tmp_path_factory.mktemp("dashboard"))
+
+
+@pytest.fixture(scope="session")
+def rendered_bundled(tmp_path_factory) -> Path:
+    """index.html of `report --bundled` (every bundled run)."""
+    from reports.report import build_report
+    from reports.source import open_bundled, select_runs
+
+    return build_report(select_runs(open_bundled(), ["all"]), tmp_path_factory.mktemp("bundled"))

@@ -36,3 +36,9 @@ def test_the_check_sees_broken_pages(tmp_path):
     text = " ".join(page["errors"])
     assert "ERR_FILE_NOT_FOUND" in text and "boom" in text and "thrown" in text
     assert page["images"][0]["width"] == 0
+
+
+def test_bundled_report_loads_cleanly(rendered_bundled):
+    """`report --bundled`, scaling plots included, as a browser shows it."""
+    _check(rendered_bundled)
+    assert 'src="scaling_kv_len_nvidia-h200.png"' in rendered_bundled.read_text()

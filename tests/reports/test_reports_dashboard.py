@@ -28,9 +28,9 @@ def test_steps_call_only_the_planted_change(fixture_store):
     db, _, _ = fixture_store
     results = open_store(db)
     st = steps(per_point(results.records, results.runs), 0.02)
-    called = st[st["verdict"] == noise.REGRESSION]
+    called = st[st["verdict"] == noise.SLOWER]
     assert list(zip(called["backend"], called["batch"], called["kv_len"])) == [("foscar-int2", 128, 32768)]
-    assert not (st["verdict"] == noise.IMPROVEMENT).any()
+    assert not (st["verdict"] == noise.FASTER).any()
 
 
 def test_exports_follow_the_formats(rendered_dashboard):

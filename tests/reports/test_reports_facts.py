@@ -33,14 +33,15 @@ def test_facts_fall_back_to_records_and_named_h200_rate():
     assert "assumed" in f.sources["sm_count"] and "sampled" in f.sources["sm_clock_mhz"]
     assert f.alu_rate == pytest.approx(H200_ALU_RATE, rel=0.01)
     no_clock = gpu_facts("NVIDIA H200", [{}], _records().assign(sm_clock_mhz_before=None))
-    assert no_clock.alu_rate == H200_ALU_RATE and "FOSCAR.md" in no_clock.alu_rate_source
+    assert no_clock.alu_rate == H200_ALU_RATE and "reports/data/paper.csv" in no_clock.alu_rate_source
     unknown = gpu_facts("Some GPU", [{}], _records().assign(frac_peak_bus=None, sm_clock_mhz_before=None))
     assert unknown.peak_bus_tbps is None and unknown.alu_rate is None and unknown.compute_ceilings() == {}
 
 
 def test_paper_file_names_its_sources_and_holds_section_6():
     df = paper.load()
-    assert set(df["source_id"]) == {"paper", "h200-ref", "h200-grid", "targets"}
+    assert set(df["source_id"]) == {"paper", "h200-ref", "h200-grid", "targets", "h200-alu"}
+    assert not df["source"].str.contains(r"\.md").any()  # every source is in the file itself
     assert df[df["source_id"] == "paper"]["source"].str.contains("arXiv 2611.09722").all()
     assert paper.lookup("paper", "bandwidth", "frac_peak_hbm", "bitdecoding-int2", "B200") == (0.145, "")
     assert paper.lookup("paper", "speedup", "speedup_geomean", "foscar-int4", "B200", "trtllm-xqa-fp8")[0] == 1.28

@@ -6,7 +6,8 @@ worker processes need no registration of their own.
 test-crash makes a real illegal memory access on the GPU, to prove that a case which kills
 its CUDA context is recorded `crashed` and the sweep goes on in a fresh worker. The others
 simulate failures on the CPU: a prepare that raises, a worker process that dies, a hang,
-a wrong answer, an output left unwritten.
+a wrong answer (ours: `incorrect`, untimed; a third party's: `inaccurate`, timed), an
+output left unwritten, kernels that take long to build.
 """
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ class _HarnessTestBackend(Backend):
     tolerance = 1e-2
     kv_format = "bf16"
 
+    def warmup_case(self, case: Case) -> Case | None:
+        return None  # nothing to build; a warm-up would meet their planted failures first
+
     def _stub(self, case: Case, source: SourceKV, transform=None) -> Prepared:
         import torch
 
@@ -71,6 +75,34 @@ class WrongBackend(_HarnessTestBackend):
 
     def prepare(self, case: Case, source: SourceKV) -> Prepared:
         return self._stub(case, source, transform=lambda o: o * 1.1)
+
+
+class WrongBaselineBackend(_HarnessTestBackend):
+    name = "test-wrong-baseline"
+    third_party = True
+    description = "another project's stand-in, 10% off: recorded `inaccurate`, timed and flagged"
+
+    def prepare(self, case: Case, source: SourceKV) -> Prepared:
+        return self._stub(case, source, transform=lambda o: o * 1.1)
+
+
+_BUILT_IN_THIS_PROCESS = False
+
+
+class SlowBuildBackend(_HarnessTestBackend):
+    name = "test-slow-build"
+    description = "stand-in whose first prepare in a process takes build_s (a JIT compile)"
+    build_s = 3.0
+
+    def warmup_case(self, case: Case) -> Case | None:
+        return Backend.warmup_case(self, case)
+
+    def prepare(self, case: Case, source: SourceKV) -> Prepared:
+        global _BUILT_IN_THIS_PROCESS
+        if not _BUILT_IN_THIS_PROCESS:
+            time.sleep(self.build_s)
+            _BUILT_IN_THIS_PROCESS = True
+        return self._stub(case, source)
 
 
 class UnwrittenBackend(_HarnessTestBackend):
@@ -169,8 +201,8 @@ def illegal_access(device) -> None:
     torch.cuda.synchronize(device)
 
 
-DOUBLES = (StubBackend, WrongBackend, UnwrittenBackend, RaisingBackend, UnsupportedBackend, ExitingBackend,
-           HangingBackend, CrashingBackend)
+DOUBLES = (StubBackend, WrongBackend, WrongBaselineBackend, SlowBuildBackend, UnwrittenBackend, RaisingBackend,
+           UnsupportedBackend, ExitingBackend, HangingBackend, CrashingBackend)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ pytestmark = [
 def ctx():
     from suite.worker import make_context
 
-    return make_context("0", {"read_ceiling": True})
+    return make_context("0", {"read_ceiling": True, "read_ceiling_quick": True})
 
 
 def test_read_ceiling(ctx):
@@ -24,6 +24,8 @@ def test_read_ceiling(ctx):
     peak = ctx.gpu_env.get("bus_peak_tbps")
     if peak:
         assert ctx.read_ceiling_tbps < 1.05 * peak
+    found = ctx.gpu_env["read_ceiling"]
+    assert found["rounds"] >= 1 and 0 <= found["spread"] < 0.2 and len(found["candidates"]) >= 5
 
 
 def test_stub_is_checked_and_timed(ctx):
@@ -36,6 +38,8 @@ def test_stub_is_checked_and_timed(ctx):
     t = rec.timing
     assert t.timing_method == "graph"
     assert t.p10_us <= t.median_us <= t.p90_us and t.n_samples >= 25
+    assert t.spread is not None and t.stop_reason and t.l2_verdict in ("cold", "warm", "unknown")
+    assert rec.reproducer and "--gpus 0" in rec.reproducer
     assert t.l2_policy and t.sm_clock_mhz_before is not None
     assert t.eff_bandwidth_tbps > 0 and t.frac_peak_bus is not None
     assert rec.gpu.gpu_name == ctx.gpu.name and rec.gpu.bus_peak_tbps == ctx.gpu_env.get("bus_peak_tbps")
