@@ -154,7 +154,6 @@ struct SharedStorage {
   alignas(128) uint8_t p_tile[kPTiles][4][kBTileBytes];  // bf16 P (or P~) per k-step of O
   float q32[kN][kD];                                      // the query heads; zero rows past ratio
   float kconst[T::KCH ? T::kGroupsT : T::kGroupsD][kN][4];  // per (group, head) constants of the K fold
-  float2 kchan[T::KCH && !T::DEQ ? T::kGroupsT : 1][kD];   // channel-wise K: (s, f z / s - 1024) per channel
   float red[4][kN][12];  // [warp][head][slot]: 0 max, 1 group p-sum, 2 denominator, 3.. offsets, 7.. p~ sums
   uint64_t full[T::kStages], empty[T::kStages];
   int last_split;
@@ -325,8 +324,6 @@ struct KFoldToken {
       for (int gk = 0; gk < kAcc; ++gk) c1[gk][hh] = s.kconst[gk][2 * L.t + hh][0], c2[gk][hh] = s.kconst[gk][2 * L.t + hh][1];
     }
   }
-  static constexpr bool kChannelTable = false;
-  __device__ __forceinline__ void stage_channels(SharedStorage<T>&, const Lane&, const uint8_t*) {}
   __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&, const uint8_t*, bool) {}
 
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4]) {
@@ -363,44 +360,26 @@ struct KFoldChannel {
   float acc[1][4];
   float bias[2], inv[2];  // of this thread's group, heads 2t, 2t+1
 
-  // The query, once per item: q lambda / f in place (lambda = the softmax scale in log2 units).
-  __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
-    const QSlice qs(L.tid);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      s.q32[qs.n][qs.d0 + j] *= p.sm_scale_log2 / k_radix<T::BITS>(((qs.d0 + j) / 8) % (16 / T::BITS));
-  }
+  __device__ __forceinline__ void setup(const DecodeParams&, SharedStorage<T>&, const Lane&) {}
   __device__ __forceinline__ void load_constants(SharedStorage<T>&, const Lane&) {}
   __device__ __forceinline__ int my_group(const Lane& L) const { return kGroups == 1 ? 0 : (16 * L.warp) / T::G; }
 
-  // Once per token group, one channel per thread: (s, f z / s - 1024) into s.kchan, read by the
-  // Q~ rebuild after the next consumer barrier (the eight heads share a channel's division).
-  static constexpr bool kChannelTable = true;
-  __device__ __forceinline__ void stage_channels(SharedStorage<T>& s, const Lane& L, const uint8_t* par) {
-    const float f = k_radix<T::BITS>((L.tid / 8) % (16 / T::BITS));
-#pragma unroll
-    for (int gq = 0; gq < kGroups; ++gq) {
-      const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[gq * kD + L.tid]);
-      const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
-      s.kchan[gq][L.tid] = make_float2(sc, f * sz.y / sc - kKBias);
-    }
-  }
-
-  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64), from the
-  // channel table staged before the last consumer barrier.
-  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>& s, const Lane& L,
-                                              const uint8_t*, bool group_starts) {
+  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64).
+  __device__ __forceinline__ void begin_chunk(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
+                                              const uint8_t* par, bool group_starts) {
     if (!group_starts) return;
     const QSlice qs(L.tid);
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
-      float qt[8], zt[8], amax = 0.f;
+      const __half2* row = reinterpret_cast<const __half2*>(par) + gq * kD;
+      float qt[8], sc[8], amax = 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        const float4 t = *reinterpret_cast<const float4*>(&s.kchan[gq][qs.d0 + j]);
-        qt[j] = s.q32[qs.n][qs.d0 + j] * t.x, zt[j] = t.y;
-        qt[j + 1] = s.q32[qs.n][qs.d0 + j + 1] * t.z, zt[j + 1] = t.w;
-        amax = fmaxf(amax, fmaxf(fabsf(qt[j]), fabsf(qt[j + 1])));
+      for (int j = 0; j < 8; ++j) {
+        const float2 sz = __half22float2(row[qs.d0 + j]);
+        sc[j] = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
+        const float f = k_radix<T::BITS>(((qs.d0 + j) / 8) % (16 / T::BITS));
+        qt[j] = s.q32[qs.n][qs.d0 + j] * sc[j] * (p.sm_scale_log2 / f);
+        amax = fmaxf(amax, fabsf(qt[j]));
       }
       amax = reduce_lanes<16, true>(amax);
       const int e = amax > 0.f ? 13 - ilog2f(amax) : 0;
@@ -411,7 +390,9 @@ struct KFoldChannel {
       for (int j = 0; j < 8; j += 2) {
         h[j / 2] = pack_f16x2(qt[j] * up, qt[j + 1] * up);
         const float2 r = unpack_f16x2(h[j / 2]);
-        part = fmaf(r.x, zt[j], fmaf(r.y, zt[j + 1], part));
+        const float f = k_radix<T::BITS>(((qs.d0 + j) / 8) % (16 / T::BITS));
+        const float2 z01 = make_float2(__half22float2(row[qs.d0 + j]).y, __half22float2(row[qs.d0 + j + 1]).y);
+        part = fmaf(r.x, f * z01.x / sc[j] - kKBias, fmaf(r.y, f * z01.y / sc[j + 1] - kKBias, part));
       }
       *reinterpret_cast<uint4*>(s.q_tile[gq][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
       part = reduce_lanes<16, false>(part);
@@ -469,8 +450,6 @@ struct KDequant {
     kscale[1] = s.kconst[0][2 * L.t + 1][2];
   }
   // The K operands are dequantized in place: (x - 1024) / f s + z per element.
-  static constexpr bool kChannelTable = false;
-  __device__ __forceinline__ void stage_channels(SharedStorage<T>&, const Lane&, const uint8_t*) {}
   __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&, const uint8_t*, bool) {}
   __device__ __forceinline__ void dequantize(const Lane& L, const uint8_t* par, uint32_t (&a)[8][4]) const {
     const __half2* row = reinterpret_cast<const __half2*>(par) + ((16 * L.warp) / T::G) * kD;
@@ -962,10 +941,6 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     };
     if (w.chunk_end > w.chunk_begin) {
       wait_stage(0);
-      if constexpr (KSide::kChannelTable) {
-        ks.stage_channels(s, L, stage_of(0) + 2 * T::kCodeBytes);
-        named_barrier(kConsumerBarrier, kConsumerThreads);
-      }
       prepare_s(0, w.chunk_begin);
       pin_operands(a);
       zero_accumulators(ks.acc);
@@ -1001,20 +976,17 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       vs.operands(st + T::kCodeBytes, L, av);
       const bool group_ends = last || (tok0 + kChunk) % T::G == 0;
       vs.publish(s, L, v_par, group_ends, pr);
-      // The next chunk's stage; a channel-wise K group it opens stages its channel table here,
-      // before the barrier that publishes P.
-      if (!last) {
-        wait_stage(1);
-        if constexpr (KSide::kChannelTable)
-          if (group_ends) ks.stage_channels(s, L, stage_of(1) + 2 * T::kCodeBytes);
-      }
+
       // Chunk c's stage is read out: the producer may refill it.
       __syncwarp();
       if (L.lane == 0) mbar_arrive(&s.empty[it % T::kStages]);
       fence_proxy_async_smem();
       named_barrier(kConsumerBarrier, kConsumerThreads);
       if constexpr (T::VCH && !T::DEQ) vs.collect(s, L);
-      if (!last) prepare_s(1, c + 1);
+      if (!last) {
+        wait_stage(1);
+        prepare_s(1, c + 1);
+      }
 
       // Chunk c + 1's S and chunk c's PV, one commit, one wait (each chain starts from a zeroed
       // accumulator). The last chunk's S chain runs too, on stale operands, and is discarded: a
