@@ -59,8 +59,8 @@ def extraction_schedule(bits: int, kind: str) -> tuple[tuple[int, int], ...]:
         if bits == 4:
             return ((0, 0xF * pair), (0, 0xF0 * pair), (8, 0xF * pair), (8, 0xF0 * pair))
         return tuple((0, (3 << 2 * k) * pair) for k in range(5)) + tuple((10, (3 << 2 * k) * pair) for k in range(3))
-    # bf16, 7 mantissa bits. Every V code is read at an even factor (bit 1 or above), so that the
-    # kernels' centring constant 128 + f (2^bits - 1) / 2 is an integer, exact in bf16.
+    # bf16, 7 mantissa bits. Every V code is read at an even factor (bit 1 or above): chosen when
+    # the kernels centred V (128 + f (2^bits - 1) / 2 had to be an integer); docs/FORMAT.md.
     if bits == 4:  # one position per shift, all at bits 1-4 (factor 2)
         return ((-1, 0x1E * pair), (3, 0x1E * pair), (7, 0x1E * pair), (11, 0x1E * pair))
     # INT2: the two positions of one channel block share a factor (see _V2_SLOT).

@@ -237,10 +237,13 @@ def failed_gate_table(records: pd.DataFrame) -> Table:
         return Table("failed_gate", "Failed the accuracy gate", empty, empty,
                      notes=["No record failed the accuracy gate."])
     bad = bad.sort_values(["gpu_name", "backend", "batch", "kv_len"], key=_order_key)
-    frame = bad[["gpu_name", "backend", "batch", "kv_len", "bits", "k_mode", "v_mode", "group_size", "status",
-                 "rel_error", "median_us", "reason"]].reset_index(drop=True)
+    if "git_sha" not in bad:
+        bad = bad.assign(git_sha=None)
+    frame = bad[["gpu_name", "backend", "git_sha", "batch", "kv_len", "bits", "k_mode", "v_mode", "group_size",
+                 "status", "rel_error", "median_us", "reason"]].reset_index(drop=True)
     display = pd.DataFrame({
         "GPU": frame["gpu_name"], "backend": frame["backend"].map(catalog.label),
+        "commit": frame["git_sha"].fillna("").map(lambda t: str(t)[:7]),
         "batch": [num(v, "{:.0f}") for v in frame["batch"]], "KV": [num(v, "{:.0f}") for v in frame["kv_len"]],
         "format": [fmt_label(r) or f"{r['bits']:.0f}-bit" for _, r in frame.iterrows()],
         "status": frame["status"], "rel. error": [num(v, "{:.2e}") for v in frame["rel_error"]],

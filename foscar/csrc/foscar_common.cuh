@@ -53,8 +53,8 @@ __host__ __device__ __forceinline__ uint32_t inject_k(uint32_t w) {
   return and_or<mask>(w >> k_shift<BITS>(K), kF16Bias2);
 }
 
-// V, bf16 (7 mantissa bits), every code read at an even factor (bit 1 or above), so that the
-// centring constant 128 + f (2^bits - 1) / 2 is an integer, exact in bf16:
+// V, bf16 (7 mantissa bits), every code read at an even factor (bit 1 or above; chosen when the
+// kernels centred V, docs/FORMAT.md):
 //   INT4: position 0 from w << 1 (an IMAD, the FMA pipe), 1-3 from w >> 3, 7, 11; all at bits
 //   1-4 (f = 2).
 //   INT2: position 0 from w << 3 and 1, 2 from w << 1 (f = 8, 8, 32); 3-5 from w >> 5
@@ -126,23 +126,6 @@ __host__ __device__ __forceinline__ uint16_t bf16_bits(float x) {
   return u;
 }
 __host__ __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
-
-// x - c in both bf16 halves; exact for the centring of injected codes (128 + f c - (128 + f mid)
-// = f (c - mid) is representable). One HADD2.BF16-class instruction on the GPU (FMA pipe).
-__host__ __device__ __forceinline__ uint32_t sub_bf16x2(uint32_t x, uint32_t c) {
-#ifdef __CUDA_ARCH__
-  __nv_bfloat162 a, b;
-  memcpy(&a, &x, 4);
-  memcpy(&b, &c, 4);
-  const __nv_bfloat162 d = __hsub2(a, b);
-  uint32_t u;
-  memcpy(&u, &d, 4);
-  return u;
-#else
-  const float2 a = unpack_bf16x2(x), b = unpack_bf16x2(c);
-  return pack_bf16x2(a.x - b.x, a.y - b.y);
-#endif
-}
 
 // Power-of-two scale factors built from exponent bits (exact): 2^e for -126 <= e <= 127.
 __host__ __device__ __forceinline__ float exp2_int(int e) { return bits_float((e + 127) << 23); }

@@ -1,0 +1,75 @@
+"""The CPU model's error (foscar/precision.py, the H200's Tensor Core accumulation) beside the
+H200's, for every mode, both widths and every context length of an accuracy_long.py run.
+
+    PYTHONPATH=. python3 scripts/precision_table.py --h200 docs/data/acc_v5c_b1_h200.json \
+        --json docs/data/model_v5_b1.json --markdown
+
+The model runs on the same inputs (foscar.synthetic, the run's seed) for the first --heads KV
+heads of sequence 0 (the H200 run covers all 8): a quarter of the work, the same statistics.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import foscar  # noqa: E402
+from foscar import precision, synthetic  # noqa: E402
+from foscar.config import QuantConfig  # noqa: E402
+
+MODES = {"t": "token", "c": "channel"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--h200", type=Path, required=True, help="rows written by scripts/accuracy_long.py --json")
+    ap.add_argument("--heads", type=int, default=2, help="KV heads modelled (of the run's 8)")
+    ap.add_argument("--json", type=Path, help="write the modelled rows here")
+    ap.add_argument("--markdown", action="store_true", help="print the table for docs/PERFORMANCE.md")
+    args = ap.parse_args()
+
+    rows = json.loads(args.h200.read_text())
+    ours = [r for r in rows if r["backend"].startswith("foscar")]
+    if not ours:
+        raise SystemExit(f"{args.h200}: no foscar rows; expected the output of scripts/accuracy_long.py --json.")
+    flashinfer = {r["kv_len"]: r["rel_error"] for r in rows if r["backend"] == "flashinfer-bf16-tc"}
+    batch, seed = ours[0]["batch"], ours[0]["seed"]
+    modelled = []
+    for kv_len in sorted({r["kv_len"] for r in ours}):
+        t0 = time.time()
+        inp = synthetic.make_inputs(batch, kv_len, seed=seed)
+        ratio = inp.q.shape[1] // inp.k.shape[2]
+        q = inp.q[:1, : ratio * args.heads].contiguous()
+        k, v = inp.k[:1, :, : args.heads].contiguous(), inp.v[:1, :, : args.heads].contiguous()
+        for r in (r for r in ours if r["kv_len"] == kv_len):
+            tag = r["mode"]  # e.g. int4-g128-kc-vt
+            bits = int(tag[3])
+            k_mode, v_mode = MODES[tag.split("-k")[1][0]], MODES[tag.split("-v")[1][0]]
+            cfg = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
+            cache = foscar.quantize(k, v, [kv_len], cfg)
+            err = precision.model_error(q, cache, precision.CURRENT)
+            modelled.append({"mode": tag, "kv_len": kv_len, "batch": batch, "seed": seed, "heads": args.heads,
+                             "model_rel_error": err, "h200_rel_error": r["rel_error"],
+                             "flashinfer_rel_error": flashinfer.get(kv_len)})
+            print(f"{tag:18s} kv {kv_len:7d}  model {err:.2e}  H200 {r['rel_error']:.2e}  "
+                  f"ratio {err / r['rel_error']:.2f}", flush=True)
+        print(f"  ({time.time() - t0:.0f} s)", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(modelled, indent=1) + "\n")
+    if args.markdown:
+        lens = sorted({m["kv_len"] for m in modelled})
+        print("\n| mode | " + " | ".join(f"{n // 1024}K H200 / model" for n in lens) + " |")
+        print("| --- |" + " --- |" * len(lens))
+        for tag in sorted({m["mode"] for m in modelled}):
+            cells = {m["kv_len"]: m for m in modelled if m["mode"] == tag}
+            print(f"| {tag} | " + " | ".join(
+                f"{cells[n]['h200_rel_error']:.2e} / {cells[n]['model_rel_error']:.2e}" for n in lens) + " |")
+        print("| FlashInfer BF16 (tc) | " + " | ".join(
+            f"{flashinfer[n]:.2e}" if n in flashinfer else "-" for n in lens) + " |")
+
+
+if __name__ == "__main__":
+    main()
