@@ -476,16 +476,23 @@ struct KDequant {
   }
 };
 
+// A lane's W words of a block in fragment order, stored [W / 4][32 lanes][4]: one 16-byte load
+// per 4 words, coalesced across the warp (docs/FORMAT.md).
+template <int W>
+__device__ __forceinline__ void lane_words(const uint8_t* block, int lane, uint32_t (&w)[W]) {
+#pragma unroll
+  for (int v = 0; v < W / 4; ++v) {
+    const uint4 x = lds128(block + (v * 128 + lane * 4) * 4);
+    w[4 * v] = x.x, w[4 * v + 1] = x.y, w[4 * v + 2] = x.z, w[4 * v + 3] = x.w;
+  }
+}
+
 // The A operands of S for warp w's 16-token tile of a chunk (fp16 injection, docs/FORMAT.md).
 template <int BITS>
 __device__ __forceinline__ void k_operands(const uint8_t* tile, int lane, uint32_t (&a)[8][4]) {
   constexpr int W = kD * BITS / 64, HALF = W / 2, P = 16 / BITS;
   uint32_t w[W];
-#pragma unroll
-  for (int v = 0; v < W / 4; ++v) {
-    const uint4 x = lds128(tile + (v * 128 + lane * 4) * 4);
-    w[4 * v] = x.x, w[4 * v + 1] = x.y, w[4 * v + 2] = x.z, w[4 * v + 3] = x.w;
-  }
+  lane_words(tile, lane, w);
 #pragma unroll
   for (int kt = 0; kt < 8; ++kt) {
     const int j = (2 * kt) / P;
@@ -515,11 +522,7 @@ __device__ __forceinline__ void v_operands(const uint8_t* block, int warp, int l
   constexpr int W = 2 * BITS;
   const uint8_t* mine = block + warp * 32 * W * 4;
   uint32_t w[W];
-#pragma unroll
-  for (int v = 0; v < W / 4; ++v) {
-    const uint4 x = lds128(mine + (v * 128 + lane * 4) * 4);
-    w[4 * v] = x.x, w[4 * v + 1] = x.y, w[4 * v + 2] = x.z, w[4 * v + 3] = x.w;
-  }
+  lane_words(mine, lane, w);
 #pragma unroll
   for (int kt = 0; kt < 4; ++kt) {
     if constexpr (BITS == 4) {
