@@ -28,7 +28,7 @@ if [[ -d .bitdecoding/build ]]; then export PYTHONPATH=$PWD/.bitdecoding/build:$
 smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv,noheader; }
 echo "== start $(date -u +%FT%TZ) stages: $STAGES; $(smi)" | tee "$LOG"
 
-LAB_VARIANTS="v5= c4=FOSCAR_CTAS_INT4=4,FOSCAR_CTAS_INT2=4"  # c2 and deeper rings lost (docs/PERFORMANCE.md)
+LAB_VARIANTS="v5= v6=FOSCAR_WARP_PV=1 c4=FOSCAR_CTAS_INT4=4,FOSCAR_CTAS_INT2=4"  # c2 and deeper rings lost (docs/PERFORMANCE.md)
 BACKENDS_PAPER=flashinfer-bf16-tc,flashinfer-bf16,flashinfer-fp8,trtllm-xqa-fp8,flashinfer-nvfp4-tc,trtllm-nvfp4,bitdecoding-int4,bitdecoding-int2,foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2
 BACKENDS_FULL=flashinfer-bf16-tc,trtllm-xqa-fp8,foscar-int4,foscar-int2
 

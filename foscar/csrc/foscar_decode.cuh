@@ -106,6 +106,10 @@ constexpr float kLazyMax = 8.0f;
 constexpr float kZeroScaleStandIn = 1.0f;
 
 // Build knobs (foscar.build passes -D flags; scripts/kernel_lab.py compares them).
+// The lab's v6 candidate: per-warp softmax and PV on mma.sync (foscar_consume_warp.cuh).
+#ifndef FOSCAR_WARP_PV
+#define FOSCAR_WARP_PV 0
+#endif
 #ifndef FOSCAR_CTAS_INT4
 #define FOSCAR_CTAS_INT4 3
 #endif
@@ -155,6 +159,7 @@ struct SharedStorage {
   float q32[kN][kD];                                      // the query heads; zero rows past ratio
   float kconst[T::KCH ? T::kGroupsT : T::kGroupsD][kN][4];  // per (group, head) constants of the K fold
   float red[4][kN][12];  // [warp][head][slot]: 0 max, 1 group p-sum, 2 denominator, 3.. offsets, 7.. p~ sums
+  float merge[FOSCAR_WARP_PV ? 4 : 1][kN][kD];  // per-warp consumer: each warp's output at the item's end
   uint64_t full[T::kStages], empty[T::kStages];
   int last_split;
 };
@@ -517,6 +522,27 @@ __device__ __forceinline__ void k_operands(const uint8_t* tile, int lane, uint32
 //
 // The A operands of warp w for k-step kt and m64 tile i: rows g / g+8 are the channels of blocks
 // 2i / 2i+1 (32w + 16i + g, + 8), columns the tokens 16kt + 2t (+1) and + 8.
+// The A operands of k-step kt for m64 tiles i = 0, 1 of one 32-channel slice, from that k-step's
+// words of a lane: INT4 words 2kt + o (o = token offset), position = block (2i + row half), all at
+// f = 2; INT2 word kt, block b at token offset o at v2_position(b, o), blocks 0-3 at f 2, 8, 8, 32.
+template <int BITS>
+__device__ __forceinline__ void v_inject_kstep(const uint32_t* words, uint32_t (&a)[2][4]) {
+  if constexpr (BITS == 4) {
+    const uint32_t w0 = words[0], w1 = words[1];
+    a[0][0] = inject_v<4, 0>(w0), a[0][1] = inject_v<4, 1>(w0);
+    a[0][2] = inject_v<4, 0>(w1), a[0][3] = inject_v<4, 1>(w1);
+    a[1][0] = inject_v<4, 2>(w0), a[1][1] = inject_v<4, 3>(w0);
+    a[1][2] = inject_v<4, 2>(w1), a[1][3] = inject_v<4, 3>(w1);
+  } else {
+    const uint32_t x = words[0];
+    a[0][0] = inject_v<2, v2_position(0, 0)>(x), a[0][1] = inject_v<2, v2_position(1, 0)>(x);
+    a[0][2] = inject_v<2, v2_position(0, 1)>(x), a[0][3] = inject_v<2, v2_position(1, 1)>(x);
+    a[1][0] = inject_v<2, v2_position(2, 0)>(x), a[1][1] = inject_v<2, v2_position(3, 0)>(x);
+    a[1][2] = inject_v<2, v2_position(2, 1)>(x), a[1][3] = inject_v<2, v2_position(3, 1)>(x);
+  }
+}
+
+// The A operands of warp w's 32-channel slice for all four k-steps of a staged V block.
 template <int BITS>
 __device__ __forceinline__ void v_operands(const uint8_t* block, int warp, int lane, uint32_t (&a)[4][2][4]) {
   constexpr int W = 2 * BITS;
@@ -524,27 +550,7 @@ __device__ __forceinline__ void v_operands(const uint8_t* block, int warp, int l
   uint32_t w[W];
   lane_words(mine, lane, w);
 #pragma unroll
-  for (int kt = 0; kt < 4; ++kt) {
-    if constexpr (BITS == 4) {
-      // word 2kt + o, position = block (2i + row half), all at f = 2.
-      const uint32_t w0 = w[2 * kt], w1 = w[2 * kt + 1];
-      a[kt][0][0] = inject_v<4, 0>(w0), a[kt][0][1] = inject_v<4, 1>(w0);
-      a[kt][0][2] = inject_v<4, 0>(w1), a[kt][0][3] = inject_v<4, 1>(w1);
-      a[kt][1][0] = inject_v<4, 2>(w0), a[kt][1][1] = inject_v<4, 3>(w0);
-      a[kt][1][2] = inject_v<4, 2>(w1), a[kt][1][3] = inject_v<4, 3>(w1);
-    } else {
-      // word kt; block b at token offset o sits at v2_position(b, o); blocks 0-3 have f 2, 8, 8, 32.
-      const uint32_t x = w[kt];
-      a[kt][0][0] = inject_v<2, v2_position(0, 0)>(x);
-      a[kt][0][1] = inject_v<2, v2_position(1, 0)>(x);
-      a[kt][0][2] = inject_v<2, v2_position(0, 1)>(x);
-      a[kt][0][3] = inject_v<2, v2_position(1, 1)>(x);
-      a[kt][1][0] = inject_v<2, v2_position(2, 0)>(x);
-      a[kt][1][1] = inject_v<2, v2_position(3, 0)>(x);
-      a[kt][1][2] = inject_v<2, v2_position(2, 1)>(x);
-      a[kt][1][3] = inject_v<2, v2_position(3, 1)>(x);
-    }
-  }
+  for (int kt = 0; kt < 4; ++kt) v_inject_kstep<BITS>(w + (BITS == 4 ? 2 * kt : kt), a[kt]);
 }
 // Radix factor of the channel block (tile i, row half hf) of a V operand.
 template <int BITS>
@@ -887,6 +893,36 @@ template <class T, class VSide>
 __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
                             const OnlineSoftmax& sm, VSide& vs);
 
+// The query heads of an item's KV head: fp32 in shared memory (zero rows past the ratio), bf16
+// B tiles for the BF16 tail, then the K side's setup and constants.
+template <class T, class KSide>
+__device__ __forceinline__ void load_query(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                                           KSide& ks) {
+  const QSlice qs(L.tid);
+  float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (qs.n < p.ratio) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p.q + ((size_t)w.b * p.num_q_heads + w.h * p.ratio + qs.n) * kD + qs.d0);
+    const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = unpack_bf16x2(u[j]);
+      x[2 * j] = f.x, x[2 * j + 1] = f.y;
+    }
+    if constexpr (T::kHasTail) {  // bf16 q for the tail's products (exact: q is bf16)
+      *reinterpret_cast<uint4*>(s.qt_tile[0] + qs.tile_offset()) = raw;
+    }
+  } else if constexpr (T::kHasTail) {
+    *reinterpret_cast<uint4*>(s.qt_tile[0] + qs.tile_offset()) = make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s.q32[qs.n][qs.d0 + j] = x[j];
+  __syncwarp();
+  ks.setup(p, s, L);
+  fence_proxy_async_smem();
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  ks.load_constants(s, L);
+}
+
 // ---------------------------------------------------------------------------------------
 // The consumer warpgroup: the items of this CTA, chunk by chunk.
 template <class T, class KSide, class VSide>
@@ -899,32 +935,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     VSide vs;
     OnlineSoftmax sm;
     vs.reset();
-    // The query heads of this KV head: fp32 in shared memory, zero rows past the ratio.
-    {
-      const QSlice qs(L.tid);
-      float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (qs.n < p.ratio) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(p.q + ((size_t)w.b * p.num_q_heads + w.h * p.ratio + qs.n) * kD + qs.d0);
-        const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = unpack_bf16x2(u[j]);
-          x[2 * j] = f.x, x[2 * j + 1] = f.y;
-        }
-        if constexpr (T::kHasTail) {  // bf16 q for the tail's products (exact: q is bf16)
-          *reinterpret_cast<uint4*>(s.qt_tile[0] + qs.tile_offset()) = raw;
-        }
-      } else if constexpr (T::kHasTail) {
-        *reinterpret_cast<uint4*>(s.qt_tile[0] + qs.tile_offset()) = make_uint4(0u, 0u, 0u, 0u);
-      }
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s.q32[qs.n][qs.d0 + j] = x[j];
-      __syncwarp();
-      ks.setup(p, s, L);
-      fence_proxy_async_smem();
-      named_barrier(kConsumerBarrier, kConsumerThreads);
-      ks.load_constants(s, L);
-    }
+    load_query<T>(p, s, L, w, ks);
 
     // The chunks, software-pipelined by one: iteration c attends chunk c (its S is done) and
     // issues chunk c's PV together with chunk c + 1's S, so the two chains overlap on the Tensor
@@ -1078,6 +1089,41 @@ __device__ __forceinline__ void consume_tail(const DecodeParams& p, SharedStorag
   }
 }
 
+// After every split of an item wrote its partials (o against its own maximum m, and l): the
+// last split of a (sequence, KV head) to arrive merges them all into the output and resets the
+// counter for the next launch.
+template <class T>
+__device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w) {
+  const int hq0 = w.h * p.ratio;
+  __threadfence();
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  if (L.tid == 0) {
+    int* count = p.ws_count + (size_t)w.b * p.num_kv_heads + w.h;
+    const int done = atomicAdd(count, 1);
+    s.last_split = done == p.num_splits - 1;
+    if (s.last_split) *count = 0;  // every split has counted: ready for the next launch
+  }
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  if (!s.last_split) return;
+  __threadfence();
+  for (int idx = L.tid; idx < p.ratio * kD; idx += kConsumerThreads) {
+    const int hd = idx / kD, c = idx % kD;
+    const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits;
+    float mx = kNegInf;
+    for (int sp = 0; sp < p.num_splits; ++sp) mx = fmaxf(mx, __ldcg(p.ws_ml + (row0 + sp) * 2));
+    float acc = 0.f, den = 0.f;
+    for (int sp = 0; sp < p.num_splits; ++sp) {
+      const float m = __ldcg(p.ws_ml + (row0 + sp) * 2);
+      if (m == kNegInf) continue;  // a split with no tokens of this sequence
+      const float wgt = exp2f(m - mx);
+      acc += wgt * __ldcg(p.ws_o + (row0 + sp) * kD + c);
+      den += wgt * __ldcg(p.ws_ml + (row0 + sp) * 2 + 1);
+    }
+    p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc / den);
+  }
+  named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
+}
+
 // ---------------------------------------------------------------------------------------
 // The end of an item: the warpgroup's denominators, then the output or this split's partials;
 // the last split of a (sequence, KV head) to finish merges all of them in the same launch.
@@ -1124,33 +1170,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
       p.ws_ml[row * 2 + 1] = l[e & 1];
     }
   }
-  __threadfence();
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  if (L.tid == 0) {
-    int* count = p.ws_count + (size_t)w.b * p.num_kv_heads + w.h;
-    const int done = atomicAdd(count, 1);
-    s.last_split = done == p.num_splits - 1;
-    if (s.last_split) *count = 0;  // every split has counted: ready for the next launch
-  }
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  if (!s.last_split) return;
-  __threadfence();
-  for (int idx = L.tid; idx < p.ratio * kD; idx += kConsumerThreads) {
-    const int hd = idx / kD, c = idx % kD;
-    const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits;
-    float mx = kNegInf;
-    for (int sp = 0; sp < p.num_splits; ++sp) mx = fmaxf(mx, __ldcg(p.ws_ml + (row0 + sp) * 2));
-    float acc = 0.f, den = 0.f;
-    for (int sp = 0; sp < p.num_splits; ++sp) {
-      const float m = __ldcg(p.ws_ml + (row0 + sp) * 2);
-      if (m == kNegInf) continue;  // a split with no tokens of this sequence
-      const float wgt = exp2f(m - mx);
-      acc += wgt * __ldcg(p.ws_o + (row0 + sp) * kD + c);
-      den += wgt * __ldcg(p.ws_ml + (row0 + sp) * 2 + 1);
-    }
-    p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc / den);
-  }
-  named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
+  merge_splits<T>(p, s, L, w);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1161,6 +1181,12 @@ using KSideOf = typename std::conditional<T::DEQ, KDequant<T>,
 template <class T>
 using VSideOf = typename std::conditional<T::DEQ, VDequant<T>,
                                           typename std::conditional<T::VCH, VFoldChannel<T>, VFoldToken<T>>::type>::type;
+
+}  // namespace foscar
+
+#include "foscar_consume_warp.cuh"
+
+namespace foscar {
 
 template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
 __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ>::kCtasPerSm)
@@ -1180,7 +1206,11 @@ __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ>::kCt
     if (threadIdx.x == 0) produce<T>(p, s);
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
-    consume<T, KSideOf<T>, VSideOf<T>>(p, s);
+    if constexpr (FOSCAR_WARP_PV) {
+      consume_warp<T, KSideOf<T>, VWarpSideOf<T>>(p, s);
+    } else {
+      consume<T, KSideOf<T>, VSideOf<T>>(p, s);
+    }
   }
 }
 

@@ -207,6 +207,14 @@ template <class T>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   return __shfl_sync(mask, v, ::foscar_emu::tls().lane() ^ lane_mask);
 }
+inline bool __any_sync(unsigned, bool pred) {
+  const uint32_t w[1] = {pred ? 1u : 0u};
+  ::foscar_emu::publish(w);
+  bool any = false;
+  for (int l = 0; l < 32; ++l) any = any || ::foscar_emu::tls().warp().slot[l][0] != 0;
+  ::foscar_emu::done_reading();
+  return any;
+}
 
 namespace foscar {
 
@@ -281,6 +289,20 @@ inline void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
   }
   done_reading();
   for (int e = 0; e < 4; ++e) c[e] = d[e];
+}
+
+// movmatrix.m8n8.trans.b16: lane (g, t) gets elements (2t, g) and (2t + 1, g) of the matrix
+// whose row r, columns 2c, 2c + 1 lane (r, c) held.
+inline uint32_t movmatrix_trans(uint32_t x) {
+  using namespace ::foscar_emu;
+  const uint32_t mine[1] = {x};
+  publish(mine);
+  const Warp& wp = tls().warp();
+  const int lane = tls().lane(), g = lane / 4, t = lane % 4;
+  auto elem = [&](int row, int col) { return (wp.slot[row * 4 + col / 2][0] >> (16 * (col % 2))) & 0xFFFFu; };
+  const uint32_t y = elem(2 * t, g) | (elem(2 * t + 1, g) << 16);
+  done_reading();
+  return y;
 }
 
 // ---- mbarriers and the bulk copy engine

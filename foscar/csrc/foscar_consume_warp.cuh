@@ -1,0 +1,488 @@
+// The per-warp consumer (build knob FOSCAR_WARP_PV=1; docs/PERFORMANCE.md, v6 candidate 0).
+//
+// The producer, the ring and S stay as in consume(): the warpgroup's wgmma computes each warp's
+// 16 tokens x 8 heads of S. From there every warp works alone, as v4 did: its own online softmax
+// over its own tokens, its P kept in registers (the S accumulator turned into the B fragments of
+// P^T by two 8 x 8 transposes, movmatrix), and its own O^T over all 128 channels by mma.sync on
+// the A operands of its k-step of the staged V block. No named barrier per chunk (the channel-wise
+// Q~ rebuild keeps its one per token group); the warps meet at the item's end, where their
+// (m, l, O) are merged through shared memory. S of chunk c + 1 is issued on wgmma before chunk c's
+// PV runs on mma.sync, so the two overlap.
+//
+// Every PV product of a chunk is one k-step started from zero and folded into the fp32 output at
+// once: the Tensor Cores' cut toward zero never accumulates (foscar/precision.py).
+#pragma once
+
+namespace foscar {
+
+// A warp's output tile j (0..7): channels 16 j + g (e < 2) and 16 j + g + 8 (e >= 2), heads
+// 2t + (e & 1). Tile j is m64 tile i = j % 2 of the 32-channel slice j / 2 of the V block.
+template <int BITS>
+__device__ __forceinline__ constexpr float warp_tile_radix(int j, int hf) {
+  return v_block_radix<BITS>(j % 2, hf);
+}
+
+// The A operands of slice sl's two tiles for k-step kt (this warp's 16 tokens) of a staged V block.
+template <int BITS>
+__device__ __forceinline__ void v_operands_kstep(const uint8_t* block, int sl, int kt, int lane, uint32_t (&a)[2][4]) {
+  constexpr int W = 2 * BITS;  // words per lane per slice
+  const uint8_t* base = block + sl * 32 * W * 4;
+  uint32_t words[2];
+  if constexpr (BITS == 4) {  // words 2kt and 2kt + 1: one 8-byte load
+    const int i = 2 * kt;
+    const uint2 x = *reinterpret_cast<const uint2*>(base + ((i / 4) * 128 + lane * 4 + i % 4) * 4);
+    words[0] = x.x, words[1] = x.y;
+  } else {
+    words[0] = *reinterpret_cast<const uint32_t*>(base + (lane * 4 + kt) * 4);
+  }
+  v_inject_kstep<BITS>(words, a);
+}
+
+// The B fragments of P^T (tokens x heads) from probabilities in the S accumulator layout
+// (tokens g, g + 8 x heads 2t, 2t + 1, bf16 bits): each 8 x 8 block transposed.
+__device__ __forceinline__ void p_fragments(const uint16_t (&pb)[4], uint32_t (&b)[2]) {
+  b[0] = movmatrix_trans(pb[0] | (static_cast<uint32_t>(pb[1]) << 16));
+  b[1] = movmatrix_trans(pb[2] | (static_cast<uint32_t>(pb[3]) << 16));
+}
+
+// One output tile's product: raw = V^T P^T over the warp's 16 tokens, from zero.
+__device__ __forceinline__ void pv_tile(float (&raw)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  raw[0] = raw[1] = raw[2] = raw[3] = 0.f;
+  mma_bf16_16816(raw, a[0], a[1], a[2], a[3], b[0], b[1]);
+}
+
+// The online softmax of one warp: a running reference maximum per head over the warp's tokens,
+// which a chunk's scores may exceed by kLazyMax before the state is rescaled.
+struct WarpSoftmax {
+  float m[2] = {kNegInf, kNegInf};  // heads 2t, 2t+1, log2 domain
+  float ref[2] = {0.f, 0.f};        // m, or 0 while m is -inf (a warp whose tokens were all masked)
+  float l[2] = {0.f, 0.f};          // this thread's partial denominators
+
+  template <class T>
+  __device__ __forceinline__ bool update(SharedStorage<T>&, const Lane&, const float (&x)[4], float (&alpha)[2]) {
+    const bool over = x[0] > m[0] + kLazyMax || x[2] > m[0] + kLazyMax || x[1] > m[1] + kLazyMax ||
+                      x[3] > m[1] + kLazyMax;
+    alpha[0] = alpha[1] = 1.f;
+    if (!__any_sync(0xffffffffu, over)) return false;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float mx = fmaxf(m[hh], max_rows(fmaxf(x[hh], x[hh + 2])));
+      alpha[hh] = mx == kNegInf ? 1.f : exp2f(m[hh] - mx);  // 0 on the warp's first tokens
+      m[hh] = mx;
+      ref[hh] = mx == kNegInf ? 0.f : mx;
+      l[hh] *= alpha[hh];
+    }
+    return true;
+  }
+  __device__ __forceinline__ void probabilities(const float (&x)[4], float (&pr)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      pr[e] = exp2f(x[e] - ref[e & 1]);
+      l[e & 1] += pr[e];
+    }
+  }
+};
+
+// V sides of the per-warp consumer: pv() attends the warp's 16 tokens of a chunk over all 128
+// channels; finish() adds what was summed apart (before the warps are merged).
+template <class T>
+struct VWarpToken {
+  // Token-wise V, operand fold: P~ = p s_{t,gv} per channel group; each tile's product folded
+  // as raw / f; the offsets sum p~ z / s and the bias sum p~ per (group, head), added at the end
+  // as off - 128 / f * pbar.
+  static constexpr int kGroups = T::kGroupsD;
+  float out[8][4];
+  float off[kGroups][2], pbar[kGroups][2];
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[j][e] = 0.f;
+#pragma unroll
+    for (int gv = 0; gv < kGroups; ++gv) off[gv][0] = off[gv][1] = pbar[gv][0] = pbar[gv][1] = 0.f;
+  }
+  __host__ __device__ static constexpr int group_of(int j) { return 16 * j / T::G; }
+  __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par, bool,
+                                     const float (&pr)[4]) {
+    uint32_t b[kGroups][2];
+#pragma unroll
+    for (int gv = 0; gv < kGroups; ++gv) {
+      float sc[2], zs[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[L.token(2 * r) * kGroups + gv]);
+        sc[r] = sz.x != 0.f ? sz.x : kZeroScaleStandIn;  // codes of a constant group are 0
+        zs[r] = sz.y / sc[r];
+      }
+      uint16_t pb[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pb[e] = bf16_bits(pr[e] * sc[e >> 1]);
+        const float pt = unpack_bf16x2(pb[e]).x;
+        off[gv][e & 1] = fmaf(pt, zs[e >> 1], off[gv][e & 1]);
+        pbar[gv][e & 1] += pt;
+      }
+      p_fragments(pb, b[gv]);
+    }
+#pragma unroll
+    for (int sl = 0; sl < 4; ++sl) {
+      uint32_t a[2][4];
+      v_operands_kstep<T::BITS>(block, sl, L.warp, L.lane, a);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int j = 2 * sl + i;
+        float raw[4];
+        pv_tile(raw, a[i], b[group_of(j)]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[j][e] = fmaf(raw[e], 1.f / warp_tile_radix<T::BITS>(j, e >> 1), out[j][e]);
+      }
+    }
+  }
+  __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[j][e] *= alpha[e & 1];
+#pragma unroll
+    for (int gv = 0; gv < kGroups; ++gv)
+      off[gv][0] *= alpha[0], off[gv][1] *= alpha[1], pbar[gv][0] *= alpha[0], pbar[gv][1] *= alpha[1];
+  }
+  // The warp's offsets and bias, summed over its 16 tokens, into every channel of their group.
+  __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {
+#pragma unroll
+    for (int gv = 0; gv < kGroups; ++gv)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float total = sum_rows(off[gv][hh]), bias = sum_rows(pbar[gv][hh]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (group_of(j) != gv) continue;
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+            out[j][hh + 2 * hf] += fmaf(-kVBias / warp_tile_radix<T::BITS>(j, hf), bias, total);
+        }
+      }
+  }
+};
+
+template <class T>
+struct VWarpChannel {
+  // Channel-wise V, accumulator fold: B = p (bf16); each tile's product folded with its group's
+  // s / f per channel; when the warp's token group closes, (z - 128 s / f) times the warp's own
+  // p-sum (its O holds its own tokens only, so no exchange between warps).
+  float out[8][4];
+  float psum[2];
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[j][e] = 0.f;
+    psum[0] = psum[1] = 0.f;
+  }
+  __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par,
+                                     bool group_ends, const float (&pr)[4]) {
+    uint16_t pb[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      pb[e] = bf16_bits(pr[e]);
+      psum[e & 1] += unpack_bf16x2(pb[e]).x;
+    }
+    uint32_t b[2];
+    p_fragments(pb, b);
+    float total[2] = {0.f, 0.f};
+    if (group_ends) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) total[hh] = sum_rows(psum[hh]), psum[hh] = 0.f;
+    }
+    // The warp's 16 tokens lie in one token group of the chunk: its (s, z) row.
+    const __half2* row = reinterpret_cast<const __half2*>(par) + ((16 * L.warp) / T::G) * kD;
+#pragma unroll
+    for (int sl = 0; sl < 4; ++sl) {
+      uint32_t a[2][4];
+      v_operands_kstep<T::BITS>(block, sl, L.warp, L.lane, a);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int j = 2 * sl + i;
+        float raw[4];
+        pv_tile(raw, a[i], b);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float2 sz = __half22float2(row[16 * j + L.g + 8 * hf]);
+          const float sf = sz.x * (1.f / warp_tile_radix<T::BITS>(j, hf));
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            float& o = out[j][2 * hf + hh];
+            o = fmaf(sf, raw[2 * hf + hh], o);
+            if (group_ends) o = fmaf(fmaf(-kVBias, sf, sz.y), total[hh], o);
+          }
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[j][e] *= alpha[e & 1];
+    psum[0] *= alpha[0], psum[1] *= alpha[1];
+  }
+  __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
+};
+
+template <class T>
+struct VWarpDequant {
+  // The ablation: every element of the warp's A operands turned into s c + z (bf16) before the
+  // product; B = p.
+  static constexpr int kGroups = T::kGroupsD;
+  float out[8][4];
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[j][e] = 0.f;
+  }
+  __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par, bool,
+                                     const float (&pr)[4]) {
+    uint16_t pb[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pb[e] = bf16_bits(pr[e]);
+    uint32_t b[2];
+    p_fragments(pb, b);
+    // (s, z) of this lane's A columns: tokens 16w + 2t + 8o + {0, 1}, per channel group.
+    float2 tsz[kGroups][2][2];
+#pragma unroll
+    for (int gv = 0; gv < kGroups; ++gv)
+#pragma unroll
+      for (int o = 0; o < 2; ++o)
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+          tsz[gv][o][u] = __half22float2(
+              reinterpret_cast<const __half2*>(par)[(16 * L.warp + 2 * L.t + 8 * o + u) * kGroups + gv]);
+#pragma unroll
+    for (int sl = 0; sl < 4; ++sl) {
+      uint32_t a[2][4];
+      v_operands_kstep<T::BITS>(block, sl, L.warp, L.lane, a);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int j = 2 * sl + i, gv = 16 * j / T::G;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float f = warp_tile_radix<T::BITS>(j, r & 1);
+          const int o = r >> 1;
+          const float2 v = unpack_bf16x2(a[i][r]);
+          const float s0 = tsz[gv][o][0].x / f, s1 = tsz[gv][o][1].x / f;
+          a[i][r] = pack_bf16x2(fmaf(v.x, s0, tsz[gv][o][0].y - kVBias * s0), fmaf(v.y, s1, tsz[gv][o][1].y - kVBias * s1));
+        }
+        float raw[4];
+        pv_tile(raw, a[i], b);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
+      }
+    }
+  }
+  __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[j][e] *= alpha[e & 1];
+  }
+  __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
+};
+
+template <class T>
+using VWarpSideOf = typename std::conditional<
+    T::DEQ, VWarpDequant<T>, typename std::conditional<T::VCH, VWarpChannel<T>, VWarpToken<T>>::type>::type;
+
+// The BF16 tail (channel-wise caches), split 0, per warp: 16 tokens of each 64-token piece on
+// mma.sync, bf16 operands straight from global memory, the warp's own softmax and output.
+template <class T, class VSide>
+__device__ void consume_tail_warp(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                                  WarpSoftmax& sm, VSide& vs) {
+  const size_t base = ((size_t)w.b * p.num_kv_heads + w.h) * T::G * kD;
+  const __nv_bfloat16* kt_rows = p.k_tail + base;
+  const __nv_bfloat16* vt_rows = p.v_tail + base;
+  auto k_pair = [&](int tok, int c) -> uint32_t {
+    return tok < w.tail_len ? *reinterpret_cast<const uint32_t*>(kt_rows + (size_t)tok * kD + c) : 0u;
+  };
+  auto v_pair = [&](int tok, int c) -> uint32_t {  // channel c of tokens tok, tok + 1
+    const uint32_t lo = tok < w.tail_len ? *reinterpret_cast<const uint16_t*>(vt_rows + (size_t)tok * kD + c) : 0u;
+    const uint32_t hi = tok + 1 < w.tail_len ? *reinterpret_cast<const uint16_t*>(vt_rows + (size_t)(tok + 1) * kD + c) : 0u;
+    return lo | (hi << 16);
+  };
+  auto b_frag = [&](int kt, int hi) -> uint32_t {
+    return *reinterpret_cast<const uint32_t*>(s.qt_tile[kt] + b_tile_offset(2 * L.t + 8 * hi, L.g));
+  };
+  for (int t0 = 0; t0 < w.tail_len; t0 += kChunk) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const int r0 = t0 + 16 * L.warp + L.g;
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt) {
+      const int c = 16 * kt + 2 * L.t;
+      mma_bf16_16816(acc, k_pair(r0, c), k_pair(r0 + 8, c), k_pair(r0, c + 8), k_pair(r0 + 8, c + 8), b_frag(kt, 0),
+                     b_frag(kt, 1));
+    }
+    float x[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = t0 + L.token(e) < w.tail_len ? acc[e] * p.sm_scale_log2 : kNegInf;
+    float alpha[2];
+    if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
+    float pr[4];
+    sm.probabilities(x, pr);
+    uint16_t pb[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pb[e] = bf16_bits(pr[e]);
+    uint32_t b[2];
+    p_fragments(pb, b);
+    const int tk = t0 + 16 * L.warp + 2 * L.t;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int ch = 16 * j + L.g;
+      const uint32_t a[4] = {v_pair(tk, ch), v_pair(tk, ch + 8), v_pair(tk + 8, ch), v_pair(tk + 8, ch + 8)};
+      float raw[4];
+      pv_tile(raw, a, b);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) vs.out[j][e] += raw[e];
+    }
+  }
+}
+
+// The end of an item: each warp's (m, l, O) merged through shared memory, then the output or
+// this split's partials (and the merge of all splits by the last to arrive).
+template <class T, class VSide>
+__device__ void finish_item_warp(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                                 const WarpSoftmax& sm, VSide& vs) {
+  vs.finish(s, L);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const float l = sum_rows(sm.l[hh]);
+    if (L.g == 0) s.red[L.warp][2 * L.t + hh][0] = sm.m[hh], s.red[L.warp][2 * L.t + hh][2] = l;
+  }
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  // This warp's output against the maximum over the warps, into the merge buffer.
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int hd = 2 * L.t + hh;
+    float mx = kNegInf;
+#pragma unroll
+    for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+    const float scale = sm.m[hh] == kNegInf ? 0.f : exp2f(sm.m[hh] - mx);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) s.merge[L.warp][hd][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
+  }
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  // Thread tid: channel tid of every head.
+  const int hq0 = w.h * p.ratio, c = L.tid;
+  for (int hd = 0; hd < p.ratio; ++hd) {
+    float mx = kNegInf;
+#pragma unroll
+    for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+    float o = 0.f, l = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < 4; ++ww) {
+      o += s.merge[ww][hd][c];
+      const float m = s.red[ww][hd][0];
+      if (m != kNegInf) l += exp2f(m - mx) * s.red[ww][hd][2];
+    }
+    if (p.num_splits == 1) {
+      p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
+    } else {
+      const size_t row = ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits + w.split;
+      p.ws_o[row * kD + c] = o;
+      if (c == 0) p.ws_ml[row * 2] = mx, p.ws_ml[row * 2 + 1] = l;
+    }
+  }
+  if (p.num_splits == 1) {
+    named_barrier(kConsumerBarrier, kConsumerThreads);  // s.red and s.merge are read out before the next item
+    return;
+  }
+  merge_splits<T>(p, s, L, w);
+}
+
+// The consumer warpgroup with per-warp softmax and PV: the items of this CTA, chunk by chunk.
+template <class T, class KSide, class VSide>
+__device__ void consume_warp(const DecodeParams& p, SharedStorage<T>& s) {
+  const Lane L(threadIdx.x - 128);
+  int it = 0;
+  for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
+    const WorkItem w = work_item<T>(p, item);
+    KSide ks;
+    VSide vs;
+    WarpSoftmax sm;
+    vs.reset();
+    load_query<T>(p, s, L, w, ks);
+
+    auto stage_of = [&](int k) { return s.ring[(it + k) % T::kStages]; };
+    auto wait_stage = [&](int k) { mbar_wait(&s.full[(it + k) % T::kStages], ((it + k) / T::kStages) & 1); };
+    uint32_t a[8][4];
+    auto prepare_s = [&](int k, int c) {
+      const uint8_t* st = stage_of(k);
+      const uint8_t* k_par = st + 2 * T::kCodeBytes;
+      ks.begin_chunk(p, s, L, k_par, c == w.chunk_begin || (c * kChunk) % T::G == 0);
+      k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
+      if constexpr (T::DEQ) ks.dequantize(L, k_par, a);
+    };
+    if (w.chunk_end > w.chunk_begin) {
+      wait_stage(0);
+      prepare_s(0, w.chunk_begin);
+      pin_operands(a);
+      zero_accumulators(ks.acc);
+      pin_accumulators(ks.acc);
+      wgmma_fence();
+      ks.issue(s, L, a);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin_accumulators(ks.acc);
+    }
+    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ++it) {
+      const uint8_t* st = stage_of(0);
+      const uint8_t* k_par = st + 2 * T::kCodeBytes;
+      const uint8_t* v_par = k_par + T::kKParamBytes;
+      const int tok0 = c * kChunk;
+      const bool last = c == w.chunk_end - 1;
+
+      // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers.
+      float x[4];
+      ks.scores(s, L, k_par, x);
+      if (tok0 + kChunk > w.packed_len) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (tok0 + L.token(e) >= w.packed_len) x[e] = kNegInf;
+      }
+      float alpha[2];
+      if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
+      float pr[4];
+      sm.probabilities(x, pr);
+
+      // S of chunk c + 1 on wgmma (the last chunk's runs on stale operands and is discarded).
+      if (!last) {
+        wait_stage(1);
+        prepare_s(1, c + 1);
+      }
+      pin_operands(a);
+      zero_accumulators(ks.acc);
+      pin_accumulators(ks.acc);
+      wgmma_fence();
+      ks.issue(s, L, a);
+      wgmma_commit();
+
+      // Chunk c's PV on this warp's mma.sync while S runs.
+      vs.pv(s, L, st + T::kCodeBytes, v_par, last || (tok0 + kChunk) % T::G == 0, pr);
+      __syncwarp();
+      if (L.lane == 0) mbar_arrive(&s.empty[it % T::kStages]);
+      wgmma_wait<0>();
+      pin_accumulators(ks.acc);
+    }
+
+    if constexpr (T::kHasTail) {
+      if (w.split == 0 && w.tail_len > 0) consume_tail_warp<T>(p, s, L, w, sm, vs);
+    }
+    finish_item_warp<T>(p, s, L, w, sm, vs);
+  }
+}
+
+}  // namespace foscar
