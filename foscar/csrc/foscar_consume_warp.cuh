@@ -11,6 +11,9 @@
 //
 // Every PV product of a chunk is one k-step started from zero and folded into the fp32 output at
 // once: the Tensor Cores' cut toward zero never accumulates (foscar/precision.py).
+//
+// While the lab compares it with consume() (docs/PERFORMANCE.md), consume_warp() repeats that
+// loop's S pipeline line for line; the consumer that loses is deleted, with its V policies.
 #pragma once
 
 namespace foscar {
