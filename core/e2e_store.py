@@ -16,6 +16,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from core.store import SQLiteFile, connect_readonly, git_state
+
 RUNS = "e2e_runs"
 RECORDS = "e2e_records"
 
@@ -88,7 +90,7 @@ def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-class E2EStore:
+class E2EStore(SQLiteFile):
     """Writes e2e runs and records into a store file (created if absent); every write commits."""
 
     def __init__(self, path: str | os.PathLike):
@@ -106,7 +108,6 @@ class E2EStore:
         self.conn.commit()
 
     def start_run(self, *, argv: Iterable[str], config: dict, env: dict) -> str:
-        from core.store import git_state
 
         run_id = "e2e-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         sha, dirty = git_state()
@@ -155,15 +156,6 @@ class E2EStore:
         self.conn.commit()
         return len(runs), n_records
 
-    def close(self) -> None:
-        self.conn.close()
-
-    def __enter__(self) -> "E2EStore":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
 
 def _plain(value: Any) -> Any:
     if value is None or (isinstance(value, float) and value != value):
@@ -187,7 +179,6 @@ def read_tables(path: str | os.PathLike, immutable: bool = False) -> E2ETables:
     """The e2e tables of a store, read-only and leaving the folder as it found it (core.store's
     read-only connection); empty frames when the file or the tables are absent. immutable=True
     for a tracked file such as the bundled store."""
-    from core.store import connect_readonly
 
     empty = E2ETables(pd.DataFrame(columns=list(RUN_COLUMNS)), pd.DataFrame(columns=["id", *RECORD_COLUMNS]))
     path = Path(path)

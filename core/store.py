@@ -73,7 +73,22 @@ class StoreError(Exception):
     """A store file cannot be opened or read; the message names it and says what to do."""
 
 
-class ResultStore:
+class SQLiteFile:
+    """A store held open on `self.conn`: close it, or use it as a context manager."""
+
+    conn: sqlite3.Connection
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ResultStore(SQLiteFile):
     """Runs and their records in one SQLite file. Safe to reopen; every write commits.
 
     `readonly=True` opens an existing file for reading only: nothing is created, migrated or
@@ -266,15 +281,6 @@ class ResultStore:
             query += " WHERE r.run_id = ?"
             params = (run_id,)
         return migrate(pd.read_sql_query(query + " ORDER BY r.id", self.conn, params=params))
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def __enter__(self) -> "ResultStore":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def migrate(df: pd.DataFrame) -> pd.DataFrame:

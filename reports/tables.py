@@ -237,8 +237,6 @@ def failed_gate_table(records: pd.DataFrame) -> Table:
         return Table("failed_gate", "Failed the accuracy gate", empty, empty,
                      notes=["No record failed the accuracy gate."])
     bad = bad.sort_values(["gpu_name", "backend", "batch", "kv_len"], key=_order_key)
-    if "git_sha" not in bad:
-        bad = bad.assign(git_sha=None)
     frame = bad[["gpu_name", "backend", "git_sha", "batch", "kv_len", "bits", "k_mode", "v_mode", "group_size",
                  "status", "rel_error", "median_us", "reason"]].reset_index(drop=True)
     display = pd.DataFrame({

@@ -22,13 +22,9 @@ import foscar  # noqa: E402
 from foscar import synthetic  # noqa: E402
 from foscar.config import QuantConfig  # noqa: E402
 from foscar.reference import attention_f64  # noqa: E402
+from suite.cases import parse_int_list  # noqa: E402
 
 MODES = {"t": "token", "c": "channel"}
-
-
-def tokens(text: str) -> int:
-    text = text.strip().lower()
-    return int(text[:-1]) * 1024 if text.endswith("k") else int(text)
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -71,7 +67,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = []
-    for kv_len in map(tokens, args.kv_len.split(",")):
+    for kv_len in parse_int_list(args.kv_len, "--kv-len"):
         t0 = time.time()
         inp = synthetic.make_inputs(args.batch, kv_len, seed=args.seed, distribution=args.dist)
         q = inp.q.cuda()

@@ -20,7 +20,6 @@ import foscar  # noqa: E402
 from foscar import precision, synthetic  # noqa: E402
 from foscar.config import QuantConfig  # noqa: E402
 
-MODES = {"t": "token", "c": "channel"}
 
 
 def main() -> None:
@@ -37,6 +36,9 @@ def main() -> None:
         raise SystemExit(f"{args.h200}: no foscar rows; expected the output of scripts/accuracy_long.py --json.")
     flashinfer = {r["kv_len"]: r["rel_error"] for r in rows if r["backend"] == "flashinfer-bf16-tc"}
     batch, seed = ours[0]["batch"], ours[0]["seed"]
+    modes = ("token", "channel")
+    configs = {c.tag: c for c in (QuantConfig(bits=b, group_size=128, k_mode=km, v_mode=vm, page_size=128)
+                                  for b in (2, 4) for km in modes for vm in modes)}
     modelled = []
     for kv_len in sorted({r["kv_len"] for r in ours}):
         t0 = time.time()
@@ -45,11 +47,8 @@ def main() -> None:
         q = inp.q[:1, : ratio * args.heads].contiguous()
         k, v = inp.k[:1, :, : args.heads].contiguous(), inp.v[:1, :, : args.heads].contiguous()
         for r in (r for r in ours if r["kv_len"] == kv_len):
-            tag = r["mode"]  # e.g. int4-g128-kc-vt
-            bits = int(tag[3])
-            k_mode, v_mode = MODES[tag.split("-k")[1][0]], MODES[tag.split("-v")[1][0]]
-            cfg = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
-            cache = foscar.quantize(k, v, [kv_len], cfg)
+            tag = r["mode"]  # QuantConfig.tag, e.g. int4-g128-kc-vt
+            cache = foscar.quantize(k, v, [kv_len], configs[tag])
             err = precision.model_error(q, cache, precision.CURRENT)
             modelled.append({"mode": tag, "kv_len": kv_len, "batch": batch, "seed": seed, "heads": args.heads,
                              "model_rel_error": err, "h200_rel_error": r["rel_error"],

@@ -12,8 +12,8 @@
 // Every PV product of a chunk is one k-step started from zero and folded into the fp32 output at
 // once: the Tensor Cores' cut toward zero never accumulates (foscar/precision.py).
 //
-// While the lab compares it with consume() (docs/PERFORMANCE.md), consume_warp() repeats that
-// loop's S pipeline line for line; the consumer that loses is deleted, with its V policies.
+// The S side (SStream) is consume()'s; while the lab compares the two consumers
+// (docs/PERFORMANCE.md), the one that loses is deleted with its V policies.
 #pragma once
 
 namespace foscar {
@@ -86,22 +86,36 @@ struct WarpSoftmax {
   }
 };
 
-// V sides of the per-warp consumer: pv() attends the warp's 16 tokens of a chunk over all 128
-// channels; finish() adds what was summed apart (before the warps are merged).
-template <class T>
-struct VWarpToken {
-  // Token-wise V, operand fold: P~ = p s_{t,gv} per channel group; each tile's product folded
-  // as raw / f; the offsets sum p~ z / s and the bias sum p~ per (group, head), added at the end
-  // as off - 128 / f * pbar.
-  static constexpr int kGroups = T::kGroupsD;
+// A warp's output over all 128 channels (tile j, element e as above), which every V side of the
+// per-warp consumer accumulates and the softmax rescales.
+struct WarpOut {
   float out[8][4];
-  float off[kGroups][2], pbar[kGroups][2];
-
-  __device__ __forceinline__ void reset() {
+  __device__ __forceinline__ void reset_out() {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) out[j][e] = 0.f;
+  }
+  __device__ __forceinline__ void rescale_out(const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[j][e] *= alpha[e & 1];
+  }
+};
+
+// V sides of the per-warp consumer: pv() attends the warp's 16 tokens of a chunk over all 128
+// channels; finish() adds what was summed apart (before the warps are merged).
+template <class T>
+struct VWarpToken : WarpOut {
+  // Token-wise V, operand fold: P~ = p s_{t,gv} per channel group; each tile's product folded
+  // as raw / f; the offsets sum p~ z / s and the bias sum p~ per (group, head), added at the end
+  // as off - 128 / f * pbar.
+  static constexpr int kGroups = T::kGroupsD;
+  float off[kGroups][2], pbar[kGroups][2];
+
+  __device__ __forceinline__ void reset() {
+    reset_out();
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv) off[gv][0] = off[gv][1] = pbar[gv][0] = pbar[gv][1] = 0.f;
   }
@@ -143,10 +157,7 @@ struct VWarpToken {
     }
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[j][e] *= alpha[e & 1];
+    rescale_out(alpha);
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv)
       off[gv][0] *= alpha[0], off[gv][1] *= alpha[1], pbar[gv][0] *= alpha[0], pbar[gv][1] *= alpha[1];
@@ -170,18 +181,14 @@ struct VWarpToken {
 };
 
 template <class T>
-struct VWarpChannel {
+struct VWarpChannel : WarpOut {
   // Channel-wise V, accumulator fold: B = p (bf16); each tile's product folded with its group's
   // s / f per channel; when the warp's token group closes, (z - 128 s / f) times the warp's own
   // p-sum (its O holds its own tokens only, so no exchange between warps).
-  float out[8][4];
   float psum[2];
 
   __device__ __forceinline__ void reset() {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[j][e] = 0.f;
+    reset_out();
     psum[0] = psum[1] = 0.f;
   }
   __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par,
@@ -225,27 +232,20 @@ struct VWarpChannel {
     }
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[j][e] *= alpha[e & 1];
+    rescale_out(alpha);
     psum[0] *= alpha[0], psum[1] *= alpha[1];
   }
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
 };
 
 template <class T>
-struct VWarpDequant {
+struct VWarpDequant : WarpOut {
   // The ablation: every element of the warp's A operands turned into s c + z (bf16) before the
   // product; B = p.
   static constexpr int kGroups = T::kGroupsD;
-  float out[8][4];
 
   __device__ __forceinline__ void reset() {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[j][e] = 0.f;
+    reset_out();
   }
   __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par, bool,
                                      const float (&pr)[4]) {
@@ -272,13 +272,8 @@ struct VWarpDequant {
       for (int i = 0; i < 2; ++i) {
         const int j = 2 * sl + i, gv = 16 * j / T::G;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float f = warp_tile_radix<T::BITS>(j, r & 1);
-          const int o = r >> 1;
-          const float2 v = unpack_bf16x2(a[i][r]);
-          const float s0 = tsz[gv][o][0].x / f, s1 = tsz[gv][o][1].x / f;
-          a[i][r] = pack_bf16x2(fmaf(v.x, s0, tsz[gv][o][0].y - kVBias * s0), fmaf(v.y, s1, tsz[gv][o][1].y - kVBias * s1));
-        }
+        for (int r = 0; r < 4; ++r)
+          a[i][r] = dequant_v_pair(a[i][r], warp_tile_radix<T::BITS>(j, r & 1), tsz[gv][r >> 1][0], tsz[gv][r >> 1][1]);
         float raw[4];
         pv_tile(raw, a[i], b);
 #pragma unroll
@@ -287,10 +282,7 @@ struct VWarpDequant {
     }
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[j][e] *= alpha[e & 1];
+    rescale_out(alpha);
   }
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
 };
@@ -419,43 +411,17 @@ __device__ void consume_warp(const DecodeParams& p, SharedStorage<T>& s) {
     vs.reset();
     load_query<T>(p, s, L, w, ks);
 
-    auto stage_of = [&](int k) { return s.ring[(it + k) % T::kStages]; };
-    auto wait_stage = [&](int k) { mbar_wait(&s.full[(it + k) % T::kStages], ((it + k) / T::kStages) & 1); };
-    uint32_t a[8][4];
-    auto prepare_s = [&](int k, int c) {
-      const uint8_t* st = stage_of(k);
-      const uint8_t* k_par = st + 2 * T::kCodeBytes;
-      ks.begin_chunk(p, s, L, k_par, c == w.chunk_begin || (c * kChunk) % T::G == 0);
-      k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
-      if constexpr (T::DEQ) ks.dequantize(L, k_par, a);
-    };
-    if (w.chunk_end > w.chunk_begin) {
-      wait_stage(0);
-      prepare_s(0, w.chunk_begin);
-      pin_operands(a);
-      zero_accumulators(ks.acc);
-      pin_accumulators(ks.acc);
-      wgmma_fence();
-      ks.issue(s, L, a);
-      wgmma_commit();
-      wgmma_wait<0>();
-      pin_accumulators(ks.acc);
-    }
+    SStream<T, KSide> ss{p, s, L, w, ks, it, {}};
+    ss.first();
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, ++it) {
-      const uint8_t* st = stage_of(0);
-      const uint8_t* k_par = st + 2 * T::kCodeBytes;
-      const uint8_t* v_par = k_par + T::kKParamBytes;
+      const uint8_t* st = ss.stage(0);
+      const uint8_t* v_par = st + 2 * T::kCodeBytes + T::kKParamBytes;
       const int tok0 = c * kChunk;
       const bool last = c == w.chunk_end - 1;
 
       // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers.
       float x[4];
-      ks.scores(s, L, k_par, x);
-      if (tok0 + kChunk > w.packed_len) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (tok0 + L.token(e) >= w.packed_len) x[e] = kNegInf;
-      }
+      ss.scores(c, x);
       float alpha[2];
       if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
       float pr[4];
@@ -463,14 +429,14 @@ __device__ void consume_warp(const DecodeParams& p, SharedStorage<T>& s) {
 
       // S of chunk c + 1 on wgmma (the last chunk's runs on stale operands and is discarded).
       if (!last) {
-        wait_stage(1);
-        prepare_s(1, c + 1);
+        ss.wait(1);
+        ss.prepare(1, c + 1);
       }
-      pin_operands(a);
+      pin_operands(ss.a);
       zero_accumulators(ks.acc);
       pin_accumulators(ks.acc);
       wgmma_fence();
-      ks.issue(s, L, a);
+      ks.issue(s, L, ss.a);
       wgmma_commit();
 
       // Chunk c's PV on this warp's mma.sync while S runs.

@@ -558,6 +558,14 @@ __device__ __forceinline__ constexpr float v_block_radix(int i, int hf) {
   return BITS == 4 ? 2.f : (i == 0 ? (hf == 0 ? 2.f : 8.f) : (hf == 0 ? 8.f : 32.f));
 }
 
+// The ablation's V element pair: an injected register (bf16 128 + f c, two tokens) turned into
+// s c + z with each token's (s, z).
+__device__ __forceinline__ uint32_t dequant_v_pair(uint32_t x, float f, float2 sz0, float2 sz1) {
+  const float2 v = unpack_bf16x2(x);
+  const float s0 = sz0.x / f, s1 = sz1.x / f;
+  return pack_bf16x2(fmaf(v.x, s0, sz0.y - kVBias * s0), fmaf(v.y, s1, sz1.y - kVBias * s1));
+}
+
 template <class T>
 struct VFoldToken {
   // Token-wise V, operand fold: P~ = p s_{t,gv} per channel group, A = 128 + f c; each chunk's
@@ -775,7 +783,7 @@ struct VDequant {
   // before the MMA; B = p (bf16).
   float raw[2][4];
   float out[2][4];
-  float tsz[4][2][2][2];  // [k-step][token offset][pair element][s, z] of this thread's A columns
+  float2 tsz[4][2][2];  // [k-step][token offset][pair element] (s, z) of this thread's A columns
   __device__ __forceinline__ void reset() {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -784,20 +792,15 @@ struct VDequant {
   }
   __device__ __forceinline__ void operands(const uint8_t* block, const Lane& L, uint32_t (&a)[4][2][4]) const {
     v_operands<T::BITS>(block, L.warp, L.lane, a);
-    const int gv = (32 * L.warp) / T::G;
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt)
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const float f = v_block_radix<T::BITS>(i, r & 1);
           const int o = r >> 1;
-          const float2 v = unpack_bf16x2(a[kt][i][r]);
-          const float s0 = tsz[kt][o][0][0] / f, s1 = tsz[kt][o][1][0] / f;
-          a[kt][i][r] = pack_bf16x2(fmaf(v.x, s0, tsz[kt][o][0][1] - kVBias * s0), fmaf(v.y, s1, tsz[kt][o][1][1] - kVBias * s1));
+          a[kt][i][r] = dequant_v_pair(a[kt][i][r], v_block_radix<T::BITS>(i, r & 1), tsz[kt][o][0], tsz[kt][o][1]);
         }
-    (void)gv;
   }
   // The (s, z) of the tokens this thread's A columns hold (before operands()).
   __device__ __forceinline__ void load_params(const Lane& L, const uint8_t* par) {
@@ -809,8 +812,7 @@ struct VDequant {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int tok = 16 * kt + 2 * L.t + 8 * o + j;
-          const float2 v = __half22float2(reinterpret_cast<const __half2*>(par)[tok * T::kGroupsD + gv]);
-          tsz[kt][o][j][0] = v.x, tsz[kt][o][j][1] = v.y;
+          tsz[kt][o][j] = __half22float2(reinterpret_cast<const __half2*>(par)[tok * T::kGroupsD + gv]);
         }
   }
   __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, const uint8_t*, bool, const float (&pr)[4]) {
@@ -923,6 +925,57 @@ __device__ __forceinline__ void load_query(const DecodeParams& p, SharedStorage<
   ks.load_constants(s, L);
 }
 
+// The S side of an item's chunk loop, shared by both consumers: the ring's stages counted from
+// the current chunk, chunk c's S operands (the B tile when a token group starts, the A operands
+// of warp w's 16-token tile), the first chunk's S, and a chunk's masked scores.
+template <class T, class KSide>
+struct SStream {
+  const DecodeParams& p;
+  SharedStorage<T>& s;
+  const Lane& L;
+  const WorkItem& w;
+  KSide& ks;
+  const int& it;       // chunks consumed by this CTA before the current one
+  uint32_t a[8][4];    // the S operands prepared last
+
+  __device__ __forceinline__ const uint8_t* stage(int k) const { return s.ring[(it + k) % T::kStages]; }
+  __device__ __forceinline__ void wait(int k) const {
+    mbar_wait(&s.full[(it + k) % T::kStages], ((it + k) / T::kStages) & 1);
+  }
+  // Before the wgmma fence.
+  __device__ __forceinline__ void prepare(int k, int c) {
+    const uint8_t* st = stage(k);
+    const uint8_t* k_par = st + 2 * T::kCodeBytes;
+    ks.begin_chunk(p, s, L, k_par, c == w.chunk_begin || (c * kChunk) % T::G == 0);
+    k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
+    if constexpr (T::DEQ) ks.dequantize(L, k_par, a);
+  }
+  // S of the item's first chunk, completed.
+  __device__ __forceinline__ void first() {
+    if (w.chunk_end == w.chunk_begin) return;
+    wait(0);
+    prepare(0, w.chunk_begin);
+    pin_operands(a);
+    zero_accumulators(ks.acc);
+    pin_accumulators(ks.acc);
+    wgmma_fence();
+    ks.issue(s, L, a);
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin_accumulators(ks.acc);
+  }
+  // Log2-domain scores of chunk c (its S completed), -inf past the packed length.
+  __device__ __forceinline__ void scores(int c, float (&x)[4]) const {
+    ks.scores(s, L, stage(0) + 2 * T::kCodeBytes, x);
+    const int tok0 = c * kChunk;
+    if (tok0 + kChunk > w.packed_len) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (tok0 + L.token(e) >= w.packed_len) x[e] = kNegInf;
+    }
+  }
+};
+
 // ---------------------------------------------------------------------------------------
 // The consumer warpgroup: the items of this CTA, chunk by chunk.
 template <class T, class KSide, class VSide>
@@ -941,45 +994,17 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     // issues chunk c's PV together with chunk c + 1's S, so the two chains overlap on the Tensor
     // Cores and one wait per chunk covers both. No wgmma is in flight across the back edge
     // (ptxas would serialize every wgmma, and it does not keep an in-flight wgmma's registers).
-    auto stage_of = [&](int k) { return s.ring[(it + k) % T::kStages]; };
-    auto wait_stage = [&](int k) { mbar_wait(&s.full[(it + k) % T::kStages], ((it + k) / T::kStages) & 1); };
-    // Chunk c's S operands: the B tile when a token group starts, the A operands of warp w's
-    // 16-token tile; before the wgmma fence.
-    uint32_t a[8][4];
-    auto prepare_s = [&](int k, int c) {
-      const uint8_t* st = stage_of(k);
-      const uint8_t* k_par = st + 2 * T::kCodeBytes;
-      ks.begin_chunk(p, s, L, k_par, c == w.chunk_begin || (c * kChunk) % T::G == 0);
-      k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
-      if constexpr (T::DEQ) ks.dequantize(L, k_par, a);
-    };
-    if (w.chunk_end > w.chunk_begin) {
-      wait_stage(0);
-      prepare_s(0, w.chunk_begin);
-      pin_operands(a);
-      zero_accumulators(ks.acc);
-      pin_accumulators(ks.acc);
-      wgmma_fence();
-      ks.issue(s, L, a);
-      wgmma_commit();
-      wgmma_wait<0>();
-      pin_accumulators(ks.acc);
-    }
+    SStream<T, KSide> ss{p, s, L, w, ks, it, {}};
+    ss.first();
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, ++it) {
-      const uint8_t* st = stage_of(0);
-      const uint8_t* k_par = st + 2 * T::kCodeBytes;
-      const uint8_t* v_par = k_par + T::kKParamBytes;
+      const uint8_t* st = ss.stage(0);
+      const uint8_t* v_par = st + 2 * T::kCodeBytes + T::kKParamBytes;
       const int tok0 = c * kChunk;
       const bool last = c == w.chunk_end - 1;
 
       // Scores of chunk c (its K params), the online softmax, P (its V params).
       float x[4];
-      ks.scores(s, L, k_par, x);
-      if (tok0 + kChunk > w.packed_len) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (tok0 + L.token(e) >= w.packed_len) x[e] = kNegInf;
-      }
+      ss.scores(c, x);
       float alpha[2];
       if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
       float pr[4];
@@ -998,21 +1023,21 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       named_barrier(kConsumerBarrier, kConsumerThreads);
       if constexpr (T::VCH && !T::DEQ) vs.collect(s, L);
       if (!last) {
-        wait_stage(1);
-        prepare_s(1, c + 1);
+        ss.wait(1);
+        ss.prepare(1, c + 1);
       }
 
       // Chunk c + 1's S and chunk c's PV, one commit, one wait (each chain starts from a zeroed
       // accumulator). The last chunk's S chain runs too, on stale operands, and is discarded: a
       // conditional wgmma would make ptxas serialize them all.
-      pin_operands(a);
+      pin_operands(ss.a);
       pin_operands(av);
       zero_accumulators(ks.acc);
       vs.begin_pv();
       pin_accumulators(ks.acc);
       pin_accumulators(vs.raw);
       wgmma_fence();
-      ks.issue(s, L, a);
+      ks.issue(s, L, ss.a);
       vs.issue(s, L, av);
       wgmma_commit();
       wgmma_wait<0>();

@@ -85,33 +85,16 @@ __device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint3
 // Pins operand registers at this point of the program: the compiler must have computed them
 // here and may not sink their computation past it (between two wgmmas of a chain it would
 // have to wait for the first before overwriting its registers, serializing the chain).
-template <int N>
-__device__ __forceinline__ void pin_operands(uint32_t (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-template <int N, int M>
-__device__ __forceinline__ void pin_operands(uint32_t (&r)[N][M]) {
+__device__ __forceinline__ void pin_operands(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+template <class R, int N>
+__device__ __forceinline__ void pin_operands(R (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) pin_operands(r[i]);
 }
-template <int N, int M, int K>
-__device__ __forceinline__ void pin_operands(uint32_t (&r)[N][M][K]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) pin_operands(r[i]);
-}
-template <int N>
-__device__ __forceinline__ void pin_accumulators(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N, int M>
-__device__ __forceinline__ void pin_accumulators(float (&r)[N][M]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) pin_accumulators(r[i]);
-}
-template <int N, int M, int K>
-__device__ __forceinline__ void pin_accumulators(float (&r)[N][M][K]) {
+// The same for accumulators (fp32 registers).
+__device__ __forceinline__ void pin_accumulators(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+template <class R, int N>
+__device__ __forceinline__ void pin_accumulators(R (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) pin_accumulators(r[i]);
 }
