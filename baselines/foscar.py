@@ -77,10 +77,11 @@ class _Foscar(Backend):
         cache = self._quantize(foscar, case, source, config)
         q = source.q
         out = torch.empty_like(q)
-        variant = self.variant
+        variant, splits = self.variant, self.num_splits
 
         def run():
-            return kernels.decode(q, cache, sm_scale=source.sm_scale, out=out, variant=variant, library=library)
+            return kernels.decode(q, cache, sm_scale=source.sm_scale, out=out, variant=variant, num_splits=splits,
+                                  library=library)
 
         def reference_kv(idx):
             return foscar.dequantize(cache, batch_indices=list(idx), dtype=torch.float32)
@@ -112,13 +113,16 @@ class FoscarVariant(_Foscar):
     (suite.runner.measure) like any backend, so its p10, bytes and "passed" are the sweep's.
 
     library: foscar.kernels.load_library(defines=...) of that build. The cache's pages are
-    shuffled (seeded by the case), as an allocator would leave them.
+    shuffled (seeded by the case), as an allocator would leave them. num_splits overrides the
+    launch plan's split count (None: the plan's).
     """
 
-    def __init__(self, name: str, bits: int, library, *, variant: str = "fold", defines: tuple[str, ...] = ()):
-        self.name, self.bits, self.variant = name, bits, variant
+    def __init__(self, name: str, bits: int, library, *, variant: str = "fold", defines: tuple[str, ...] = (),
+                 num_splits: int | None = None):
+        self.name, self.bits, self.variant, self.num_splits = name, bits, variant, num_splits
         self.library, self.defines = library, tuple(defines)
-        self.description = f"FOSCAR {variant} INT{bits}, built with {' '.join(self.defines) or 'default knobs'}"
+        splits = f", {num_splits} splits" if num_splits else ""
+        self.description = f"FOSCAR {variant} INT{bits}, built with {' '.join(self.defines) or 'default knobs'}{splits}"
 
     def _library(self):
         return self.library

@@ -48,6 +48,19 @@ class VArithmetic:
     # The radix factor of each channel's V operand, from (bits, head_dim); None: the layout of
     # foscar/packing.py (the kernels in the tree).
     radix: Callable[[int, int], np.ndarray] | None = None
+    # The operands' type: "bf16" (A = 128 + f c) or "fp16" (A = 1024 + f c, p~ rounded to fp16
+    # with its subnormals).
+    operand: str = "bf16"
+    # Token-wise V: None, each chain is folded (raw / f) when it ends and the bias leaves at the
+    # end through a sum of p~; k, the chain runs on and every k steps the bias, summed on the
+    # Tensor Cores from the same p~ (A = bias), is subtracted from it (fp32).
+    bias_every: int | None = None
+    # Channel-wise V chains, when they differ from `chains`.
+    channel_chains: ChainPlan | None = None
+
+    @property
+    def bias(self) -> float:
+        return 1024.0 if self.operand == "fp16" else 128.0
 
     def channel_radix(self, bits: int, dim: int) -> np.ndarray:
         if self.radix is not None:
@@ -120,6 +133,32 @@ def sequential_chains(flush_tokens: int) -> ChainPlan:
     return plan
 
 
+def warp_chains(chunks_per_split: int, warps: int = 4) -> ChainPlan:
+    """The per-warp consumer: a split of `chunks_per_split` 64-token chunks; warp w takes tokens
+    16 w .. 16 w + 15 of each chunk, all into one accumulator (the bias leaves on the way:
+    VArithmetic.bias_every)."""
+    def plan(n_tokens: int, cfg: QuantConfig) -> list[np.ndarray]:
+        chunks = math.ceil(n_tokens / 64)
+        chains = []
+        for c0 in range(0, chunks, chunks_per_split):
+            for w in range(warps):
+                toks = np.concatenate([np.arange(64 * c + 16 * w, 64 * c + 16 * w + 16)
+                                       for c in range(c0, min(c0 + chunks_per_split, chunks))])
+                toks = np.where(toks < n_tokens, toks, -1)
+                if (toks >= 0).any():
+                    chains.append(toks.reshape(-1, TILE))
+        return chains
+
+    return plan
+
+
+def v7_radix(bits: int, dim: int) -> np.ndarray:
+    """The per-warp consumer's fp16 V operands (foscar_common.cuh, inject_v16): channel 32 w +
+    8 b + g of a block at factor [1, 16, 1, 16][b] (INT4) or [64, 4, 256, 16][b] (INT2)."""
+    factors = [1, 16, 1, 16] if bits == 4 else [64, 4, 256, 16]
+    return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
+
+
 V4 = VArithmetic("v4: bf16 128 + f c, flushed every 8 chunks per warp", centred=False, chains=v4_chains(),
                  radix=v4_radix)
 
@@ -150,27 +189,33 @@ def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
         p = np.exp(scores - scores.max())  # [r, n]
         v = codes * s_v + z_v
         ref = (p @ v) / p.sum(axis=1, keepdims=True)
+        rnd = _fp16 if arith.operand == "fp16" else _bf16
+        bias = 0.0 if arith.centred else arith.bias
         # B operand per token: p~ = bf16(p s) (token-wise; one scale per token at G = head_dim)
         if cfg.v_mode == "token":
             if cfg.group_size != dim:
                 raise ValueError("the model folds token-wise V at group_size == head_dim only")
-            p_op = _bf16(p * s_v[:, 0][None, :])  # [r, n]
-            a_val = f_ch[None, :] * (codes - mid) if arith.centred else 128.0 + f_ch[None, :] * codes
-            raw = _run_chains(mma, chains, a_val, p_op)  # [d, r]
-            # Fold: raw / f, bias and offsets with the same rounded p~ (exact, fp32 in kernels).
+            p_op = rnd(p * s_v[:, 0][None, :])  # [r, n]
+            a_val = f_ch[None, :] * (codes - mid) if arith.centred else bias + f_ch[None, :] * codes
             s_safe = np.where(s_v[:, 0] != 0, s_v[:, 0], 1.0)  # a constant group: codes 0, any scale
             off = z_v[:, 0] / s_safe + (mid if arith.centred else 0.0)  # [n]
-            o = raw / f_ch[:, None] + (p_op @ off)[None, :] - (0.0 if arith.centred else 128.0) * (
-                p_op.sum(axis=1)[None, :] / f_ch[:, None])
+            if arith.bias_every:
+                # One accumulator per chain, the bias taken out every bias_every steps.
+                raw = _run_chains(mma, chains, a_val, p_op, bias_every=arith.bias_every, bias=bias)
+                o = raw / f_ch[:, None] + (p_op @ off)[None, :]
+            else:
+                raw = _run_chains(mma, chains, a_val, p_op)  # [d, r]
+                # Fold: raw / f, bias and offsets with the same rounded p~ (exact, fp32 in kernels).
+                o = raw / f_ch[:, None] + (p_op @ off)[None, :] - bias * (p_op.sum(axis=1)[None, :] / f_ch[:, None])
         else:
             # Channel-wise V: one chain per group (or part of one); its accumulator is folded
             # with the group's scale and offset per channel and the chain's sum of p.
-            p_op = _bf16(p)
-            a_val = f_ch[None, :] * (codes - mid) if arith.centred else 128.0 + f_ch[None, :] * codes
-            firsts, raws = _run_chains(mma, chains, a_val, p_op, per_chain=True)  # [c], [c, d, r]
-            psum = np.stack([p_op[:, c[c >= 0]].sum(axis=1) for c in chains_in_order(chains, firsts)])  # [c, r]
+            p_op = rnd(p)
+            a_val = f_ch[None, :] * (codes - mid) if arith.centred else bias + f_ch[None, :] * codes
+            cchains = arith.channel_chains(n, cfg) if arith.channel_chains else chains
+            firsts, raws = _run_chains(mma, cchains, a_val, p_op, per_chain=True)  # [c], [c, d, r]
+            psum = np.stack([p_op[:, c[c >= 0]].sum(axis=1) for c in chains_in_order(cchains, firsts)])  # [c, r]
             s_g, z_g = s_v[firsts], z_v[firsts]  # [c, d]
-            bias = 0.0 if arith.centred else 128.0
             centre = mid if arith.centred else 0.0
             o = np.einsum("cd,cdr->dr", s_g / f_ch[None, :], raws - bias * psum[:, None, :]) + \
                 np.einsum("cd,cr->dr", z_g + s_g * centre, psum)
@@ -186,9 +231,11 @@ def model_error(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic, **
 
 
 def _run_chains(mma: tcmodel.MmaModel, chains: list[np.ndarray], a_val: np.ndarray, p_op: np.ndarray,
-                per_chain: bool = False):
+                per_chain: bool = False, bias_every: int | None = None, bias: float = 0.0):
     """Every chain's accumulator, each MMA step through the model; chains of equal length run
     together, vectorised. a_val [n, d] (A values per token and channel), p_op [r, n] (B values).
+    With bias_every = k, a second accumulator sums bias * p~ through the model (A = bias) and is
+    subtracted from the first (fp32, to nearest) every k steps and at the end.
 
     Returns the sum over chains [d, r], or with per_chain=True (first token of each chain [c],
     accumulators [c, d, r]) in the order chains_in_order() gives."""
@@ -198,11 +245,18 @@ def _run_chains(mma: tcmodel.MmaModel, chains: list[np.ndarray], a_val: np.ndarr
     firsts, accs = [], []
     for idx in _by_length(chains):  # [chains, tiles, 16]
         acc = np.zeros((idx.shape[0], dim, ratio))
+        bacc = np.zeros((idx.shape[0], 1, ratio))
+        a_bias = np.full((idx.shape[0], 1, 1, TILE), bias)
         for t in range(idx.shape[1]):
             tok = idx[:, t]  # [chains, 16]
             a = a_pad[tok].transpose(0, 2, 1)[:, :, None, :]  # [chains, d, 1, 16]
             b = p_pad[:, tok].transpose(1, 0, 2)[:, None, :, :]  # [chains, 1, r, 16]
             acc = mma.dot(acc, a, b)
+            if bias_every:
+                bacc = mma.dot(bacc, np.where(tok[:, None, None, :] >= 0, a_bias, 0.0), b)
+                if (t + 1) % bias_every == 0 or t == idx.shape[1] - 1:
+                    acc = tcmodel.round_f32(acc - bacc, "rne")
+                    bacc = np.zeros_like(bacc)
         firsts.append(idx[:, 0, 0])
         accs.append(acc)
     if not per_chain:
@@ -228,6 +282,10 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return tcmodel.operand_values(tcmodel.operand_bits(x, "bf16"), "bf16")
 
 
+def _fp16(x: np.ndarray) -> np.ndarray:
+    return tcmodel.operand_values(tcmodel.operand_bits(x, "fp16"), "fp16")
+
+
 def _params(params: torch.Tensor, mode: str, group: int, n: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """(scale, offset) broadcast to [n, d] (token-wise) or [n, d] per token's group (channel-wise)."""
     p = params.double().numpy()
@@ -251,3 +309,11 @@ def _dequant(codes: torch.Tensor, params: torch.Tensor, mode: str, group: int) -
 # bias leaves through a sum of p apart.
 V5 = VArithmetic("v5: bf16 128 + f c, one chain per 64-token chunk", centred=False, chains=sequential_chains(64))
 CURRENT = V5
+
+# The per-warp consumer (FOSCAR_WARP_PV=1, v7): V operands fp16 1024 + f c and fp16 p~;
+# token-wise V runs one accumulator per (split, warp) over the warp's 16 tokens of each chunk,
+# the bias leaving every 4 chunks; channel-wise V folds each warp's 16-token product at once.
+def v7(chunks_per_split: int) -> VArithmetic:
+    return VArithmetic(f"v7: fp16 1024 + f c, one chain per warp and split of {chunks_per_split} chunks, "
+                       "bias out every 4", centred=False, chains=warp_chains(chunks_per_split), radix=v7_radix,
+                       operand="fp16", bias_every=4, channel_chains=sequential_chains(16))

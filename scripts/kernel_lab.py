@@ -15,6 +15,8 @@ timing (CUDA-graph replays, copies rotated or L2 flushed when the cache is small
 interpolated, bytes from core.bytes_model. So "passed", p10 and TB/s mean here what they
 mean in the sweep and in docs/PERFORMANCE.md. A variant that fails the check is not timed.
 `--rounds N` lets the variants take turns N times (clock drift then hits all alike).
+`--splits 8,16,32` times each variant with those split counts forced (NAME/s8, ...) instead of
+the launch plan's.
 
 `--profile NAME` runs one launch of that variant per config, after the same check, inside
 the NVTX range `lab_<config>` for `ncu --nvtx --nvtx-include 'lab_4ct/'`, and skips timing.
@@ -126,6 +128,8 @@ def main() -> int:
     ap.add_argument("--q-heads", type=int, default=32)
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--page", type=int, default=128)
+    ap.add_argument("--splits", default=None,
+                    help="comma list of split counts to force (each a variant of its own, NAME/sN); default: the plan's")
     ap.add_argument("--rounds", type=int, default=1, help="times the variants take turns (each a full measurement)")
     ap.add_argument("--profile", default=None, help="variant to run once per config for ncu")
     ap.add_argument("--json", default=None)
@@ -136,6 +140,12 @@ def main() -> int:
         if not variants:
             raise SystemExit(f"--profile {args.profile!r} names no --variant")
     specs = args.configs.split(",")
+    try:
+        splits = [None] if not args.splits else [int(n) for n in args.splits.split(",")]
+    except ValueError:
+        raise SystemExit(f"--splits {args.splits!r}: expected a comma list of integers, e.g. 8,16,32") from None
+    if any(n is not None and n < 1 for n in splits):
+        raise SystemExit(f"--splits {args.splits!r}: split counts must be >= 1")
     cases = {spec: make_case(args, spec) for spec in specs}  # a bad config fails before any build
 
     from baselines.foscar import FoscarVariant
@@ -148,8 +158,9 @@ def main() -> int:
     for spec in specs:
         case = cases[spec]
         kernel_variant = parse_config(spec)[3]
-        backends = [FoscarVariant(name, case.bits, libs[name], variant=kernel_variant, defines=defines)
-                    for name, defines in variants]
+        backends = [FoscarVariant(name if n is None else f"{name}/s{n}", case.bits, libs[name],
+                                  variant=kernel_variant, defines=defines, num_splits=n)
+                    for name, defines in variants for n in splits]
         if args.profile:
             for backend in backends:
                 profile(case, backend, ctx, spec)

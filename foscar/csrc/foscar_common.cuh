@@ -79,6 +79,27 @@ __host__ __device__ __forceinline__ uint32_t inject_v(uint32_t w) {
   const uint32_t x = s < 0 ? w * (1u << (s < 0 ? -s : 0)) : w >> (s > 0 ? s : 0);
   return and_or<mask>(x, kBf16Bias2);
 }
+// V as fp16 operands 1024 + f c (the per-warp consumer, whose B operand P or P~ is fp16 too),
+// from the same words as inject_v, so with the same storage layout:
+//   INT4: as K, positions 0, 1 in place (f = 1, 16), 2, 3 the same from w >> 8.
+//   INT2: position 0 from w << 2, 1-4 in place, 5-7 from w >> 6, so that the two positions of
+//   each channel block share a factor: blocks 0-3 (positions (3, 6), (0, 1), (4, 7), (2, 5))
+//   at f = 64, 4, 256, 16 (2 shifts and 8 LOP3 per 16 codes; INT4 1 and 4 per 8).
+template <int BITS>
+__host__ __device__ constexpr int v16_shift(int k) {  // > 0: right shift, < 0: left shift
+  return BITS == 4 ? (k < 2 ? 0 : 8) : (k == 0 ? -2 : (k < 5 ? 0 : 6));
+}
+template <int BITS>
+__host__ __device__ constexpr int v16_lsb(int k) {
+  return BITS == 4 ? 4 * (k % 2) : (k == 0 ? 2 : (k < 5 ? 2 * k : 2 * k - 6));
+}
+template <int BITS, int K>
+__host__ __device__ __forceinline__ uint32_t inject_v16(uint32_t w) {
+  constexpr int s = v16_shift<BITS>(K);
+  constexpr uint32_t mask = (((1u << BITS) - 1u) << v16_lsb<BITS>(K)) * kPair;
+  const uint32_t x = s < 0 ? w << (s < 0 ? -s : 0) : w >> (s > 0 ? s : 0);
+  return and_or<mask>(x, kF16Bias2);
+}
 // INT2 V: the position holding channel block b (0..3) at token offset o (0: tokens 2t, 2t+1;
 // 1: tokens 2t+8, 2t+9) of a k-step's word.
 __host__ __device__ constexpr int v2_position(int b, int o) {
@@ -124,6 +145,26 @@ __host__ __device__ __forceinline__ uint16_t bf16_bits(float x) {
   uint16_t u;
   memcpy(&u, &v, 2);
   return u;
+}
+// fp16 bits of x, round to nearest, subnormal results kept: --use_fast_math would otherwise
+// flush them to zero (cvt.rn.ftz), and a probability times a small V scale is often below
+// fp16's smallest normal (6.1e-5).
+__host__ __device__ __forceinline__ uint16_t f16_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  uint16_t u;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(u) : "f"(x));
+  return u;
+#else
+  __half v = __float2half_rn(x);
+  uint16_t u;
+  memcpy(&u, &v, 2);
+  return u;
+#endif
+}
+__host__ __device__ __forceinline__ float f16_value(uint16_t u) {
+  __half v;
+  memcpy(&v, &u, 2);
+  return __half2float(v);
 }
 __host__ __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
 

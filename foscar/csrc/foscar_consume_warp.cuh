@@ -18,11 +18,23 @@
 
 namespace foscar {
 
+// V operands here are fp16 1024 + f c (inject_v16) and P / P~ fp16: the probabilities stay at
+// or below 1 (kWarpLazyMax = 0), so p~ = p s cannot overflow for any fp16 scale s.
+constexpr float kVBias16 = 1024.0f;
+constexpr float kWarpLazyMax = 0.0f;
+
+
+// Radix factor of channel block b (0..3) of a 32-channel slice of the V block (inject_v16).
+template <int BITS>
+__host__ __device__ __forceinline__ constexpr float v16_block_radix(int b) {
+  return BITS == 4 ? (b % 2 ? 16.f : 1.f) : (b == 0 ? 64.f : b == 1 ? 4.f : b == 2 ? 256.f : 16.f);
+}
 // A warp's output tile j (0..7): channels 16 j + g (e < 2) and 16 j + g + 8 (e >= 2), heads
-// 2t + (e & 1). Tile j is m64 tile i = j % 2 of the 32-channel slice j / 2 of the V block.
+// 2t + (e & 1). Tile j is m16 tile i = j % 2 of the 32-channel slice j / 2 of the V block, its
+// rows g / g + 8 channel blocks 2i / 2i + 1.
 template <int BITS>
 __device__ __forceinline__ constexpr float warp_tile_radix(int j, int hf) {
-  return v_block_radix<BITS>(j % 2, hf);
+  return v16_block_radix<BITS>(2 * (j % 2) + hf);
 }
 
 // The A operands of slice sl's two tiles for k-step kt (this warp's 16 tokens) of a staged V block.
@@ -30,15 +42,20 @@ template <int BITS>
 __device__ __forceinline__ void v_operands_kstep(const uint8_t* block, int sl, int kt, int lane, uint32_t (&a)[2][4]) {
   constexpr int W = 2 * BITS;  // words per lane per slice
   const uint8_t* base = block + sl * 32 * W * 4;
-  uint32_t words[2];
-  if constexpr (BITS == 4) {  // words 2kt and 2kt + 1: one 8-byte load
+  if constexpr (BITS == 4) {  // words 2kt (tokens 2t, 2t+1) and 2kt + 1 (+8): one 8-byte load
     const int i = 2 * kt;
     const uint2 x = *reinterpret_cast<const uint2*>(base + ((i / 4) * 128 + lane * 4 + i % 4) * 4);
-    words[0] = x.x, words[1] = x.y;
+    a[0][0] = inject_v16<4, 0>(x.x), a[0][1] = inject_v16<4, 1>(x.x);
+    a[0][2] = inject_v16<4, 0>(x.y), a[0][3] = inject_v16<4, 1>(x.y);
+    a[1][0] = inject_v16<4, 2>(x.x), a[1][1] = inject_v16<4, 3>(x.x);
+    a[1][2] = inject_v16<4, 2>(x.y), a[1][3] = inject_v16<4, 3>(x.y);
   } else {
-    words[0] = *reinterpret_cast<const uint32_t*>(base + (lane * 4 + kt) * 4);
+    const uint32_t x = *reinterpret_cast<const uint32_t*>(base + (lane * 4 + kt) * 4);
+    a[0][0] = inject_v16<2, v2_position(0, 0)>(x), a[0][1] = inject_v16<2, v2_position(1, 0)>(x);
+    a[0][2] = inject_v16<2, v2_position(0, 1)>(x), a[0][3] = inject_v16<2, v2_position(1, 1)>(x);
+    a[1][0] = inject_v16<2, v2_position(2, 0)>(x), a[1][1] = inject_v16<2, v2_position(3, 0)>(x);
+    a[1][2] = inject_v16<2, v2_position(2, 1)>(x), a[1][3] = inject_v16<2, v2_position(3, 1)>(x);
   }
-  v_inject_kstep<BITS>(words, a);
 }
 
 // The B fragments of P^T (tokens x heads) from probabilities in the S accumulator layout
@@ -48,14 +65,18 @@ __device__ __forceinline__ void p_fragments(const uint16_t (&pb)[4], uint32_t (&
   b[1] = movmatrix_trans(pb[2] | (static_cast<uint32_t>(pb[3]) << 16));
 }
 
-// One output tile's product: raw = V^T P^T over the warp's 16 tokens, from zero.
-__device__ __forceinline__ void pv_tile(float (&raw)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+// One output tile's product over the warp's 16 tokens: acc += V^T P^T (fp16 operands).
+__device__ __forceinline__ void pv_tile(float (&acc)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  mma_f16_16816(acc, a[0], a[1], a[2], a[3], b[0], b[1]);
+}
+// The same from zero.
+__device__ __forceinline__ void pv_tile_fresh(float (&raw)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   raw[0] = raw[1] = raw[2] = raw[3] = 0.f;
-  mma_bf16_16816(raw, a[0], a[1], a[2], a[3], b[0], b[1]);
+  pv_tile(raw, a, b);
 }
 
-// The online softmax of one warp: a running reference maximum per head over the warp's tokens,
-// which a chunk's scores may exceed by kLazyMax before the state is rescaled.
+// The online softmax of one warp: a running maximum per head over the warp's tokens; a chunk
+// whose scores exceed it rescales the state (rare after the first chunks), so p <= 1.
 struct WarpSoftmax {
   float m[2] = {kNegInf, kNegInf};  // heads 2t, 2t+1, log2 domain
   float ref[2] = {0.f, 0.f};        // m, or 0 while m is -inf (a warp whose tokens were all masked)
@@ -63,8 +84,8 @@ struct WarpSoftmax {
 
   template <class T>
   __device__ __forceinline__ bool update(SharedStorage<T>&, const Lane&, const float (&x)[4], float (&alpha)[2]) {
-    const bool over = x[0] > m[0] + kLazyMax || x[2] > m[0] + kLazyMax || x[1] > m[1] + kLazyMax ||
-                      x[3] > m[1] + kLazyMax;
+    const bool over = x[0] > m[0] + kWarpLazyMax || x[2] > m[0] + kWarpLazyMax || x[1] > m[1] + kWarpLazyMax ||
+                      x[3] > m[1] + kWarpLazyMax;
     alpha[0] = alpha[1] = 1.f;
     if (!__any_sync(0xffffffffu, over)) return false;
 #pragma unroll
@@ -87,7 +108,8 @@ struct WarpSoftmax {
 };
 
 // A warp's output over all 128 channels (tile j, element e as above), which every V side of the
-// per-warp consumer accumulates and the softmax rescales.
+// per-warp consumer accumulates and the softmax rescales. add_real() adds values in output units
+// (the BF16 tail's products).
 struct WarpOut {
   float out[8][4];
   __device__ __forceinline__ void reset_out() {
@@ -108,11 +130,15 @@ struct WarpOut {
 // channels; finish() adds what was summed apart (before the warps are merged).
 template <class T>
 struct VWarpToken : WarpOut {
-  // Token-wise V, operand fold: P~ = p s_{t,gv} per channel group; each tile's product folded
-  // as raw / f; the offsets sum p~ z / s and the bias sum p~ per (group, head), added at the end
-  // as off - 128 / f * pbar.
+  // Token-wise V, operand fold: P~ = p s_{t,gv} (fp16) per channel group; each tile's product,
+  // one k-step from zero, folded at once as raw / f. (Chaining the products over the chunks of
+  // an item, the bias 1024 sum p~ taken out every 4 chunks, measured 5.7e-3 to 9.6e-3 on the
+  // H200 at 32K-128K, as foscar/precision.py predicts: the accumulator then holds the
+  // uncentred sum p~ f c, and its cut toward zero does not average out; docs/PERFORMANCE.md.)
+  // The offsets sum p~ z / s and the bias sum p~ per (group, head) are summed apart and added at
+  // the end as off - 1024 / f * pbar.
   static constexpr int kGroups = T::kGroupsD;
-  float off[kGroups][2], pbar[kGroups][2];
+  float off[kGroups][2], pbar[kGroups][2];  // this thread's partial sums per (group, head)
 
   __device__ __forceinline__ void reset() {
     reset_out();
@@ -132,15 +158,15 @@ struct VWarpToken : WarpOut {
         sc[r] = sz.x != 0.f ? sz.x : kZeroScaleStandIn;  // codes of a constant group are 0
         zs[r] = sz.y / sc[r];
       }
-      uint16_t pb[4];
+      uint16_t ph[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        pb[e] = bf16_bits(pr[e] * sc[e >> 1]);
-        const float pt = unpack_bf16x2(pb[e]).x;
+        ph[e] = f16_bits(pr[e] * sc[e >> 1]);
+        const float pt = f16_value(ph[e]);
         off[gv][e & 1] = fmaf(pt, zs[e >> 1], off[gv][e & 1]);
         pbar[gv][e & 1] += pt;
       }
-      p_fragments(pb, b[gv]);
+      p_fragments(ph, b[gv]);
     }
 #pragma unroll
     for (int sl = 0; sl < 4; ++sl) {
@@ -150,7 +176,7 @@ struct VWarpToken : WarpOut {
       for (int i = 0; i < 2; ++i) {
         const int j = 2 * sl + i;
         float raw[4];
-        pv_tile(raw, a[i], b[group_of(j)]);
+        pv_tile_fresh(raw, a[i], b[group_of(j)]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) out[j][e] = fmaf(raw[e], 1.f / warp_tile_radix<T::BITS>(j, e >> 1), out[j][e]);
       }
@@ -162,7 +188,11 @@ struct VWarpToken : WarpOut {
     for (int gv = 0; gv < kGroups; ++gv)
       off[gv][0] *= alpha[0], off[gv][1] *= alpha[1], pbar[gv][0] *= alpha[0], pbar[gv][1] *= alpha[1];
   }
-  // The warp's offsets and bias, summed over its 16 tokens, into every channel of their group.
+  __device__ __forceinline__ void add_real(int j, const float (&raw)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
+  }
+  // The warp's offsets and bias, summed over its tokens, into every channel of their group.
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv)
@@ -174,7 +204,7 @@ struct VWarpToken : WarpOut {
           if (group_of(j) != gv) continue;
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf)
-            out[j][hh + 2 * hf] += fmaf(-kVBias / warp_tile_radix<T::BITS>(j, hf), bias, total);
+            out[j][hh + 2 * hf] += fmaf(-kVBias16 / warp_tile_radix<T::BITS>(j, hf), bias, total);
         }
       }
   }
@@ -182,9 +212,9 @@ struct VWarpToken : WarpOut {
 
 template <class T>
 struct VWarpChannel : WarpOut {
-  // Channel-wise V, accumulator fold: B = p (bf16); each tile's product folded with its group's
-  // s / f per channel; when the warp's token group closes, (z - 128 s / f) times the warp's own
-  // p-sum (its O holds its own tokens only, so no exchange between warps).
+  // Channel-wise V, accumulator fold: B = p (fp16); each tile's product, from zero, folded with
+  // its group's s / f per channel; when the warp's token group closes, (z - 1024 s / f) times
+  // the warp's own p-sum (its O holds its own tokens only, so no exchange between warps).
   float psum[2];
 
   __device__ __forceinline__ void reset() {
@@ -193,14 +223,14 @@ struct VWarpChannel : WarpOut {
   }
   __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par,
                                      bool group_ends, const float (&pr)[4]) {
-    uint16_t pb[4];
+    uint16_t ph[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      pb[e] = bf16_bits(pr[e]);
-      psum[e & 1] += unpack_bf16x2(pb[e]).x;
+      ph[e] = f16_bits(pr[e]);
+      psum[e & 1] += f16_value(ph[e]);
     }
     uint32_t b[2];
-    p_fragments(pb, b);
+    p_fragments(ph, b);
     float total[2] = {0.f, 0.f};
     if (group_ends) {
 #pragma unroll
@@ -216,7 +246,7 @@ struct VWarpChannel : WarpOut {
       for (int i = 0; i < 2; ++i) {
         const int j = 2 * sl + i;
         float raw[4];
-        pv_tile(raw, a[i], b);
+        pv_tile_fresh(raw, a[i], b);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const float2 sz = __half22float2(row[16 * j + L.g + 8 * hf]);
@@ -225,7 +255,7 @@ struct VWarpChannel : WarpOut {
           for (int hh = 0; hh < 2; ++hh) {
             float& o = out[j][2 * hf + hh];
             o = fmaf(sf, raw[2 * hf + hh], o);
-            if (group_ends) o = fmaf(fmaf(-kVBias, sf, sz.y), total[hh], o);
+            if (group_ends) o = fmaf(fmaf(-kVBias16, sf, sz.y), total[hh], o);
           }
         }
       }
@@ -235,13 +265,17 @@ struct VWarpChannel : WarpOut {
     rescale_out(alpha);
     psum[0] *= alpha[0], psum[1] *= alpha[1];
   }
+  __device__ __forceinline__ void add_real(int j, const float (&raw)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
+  }
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
 };
 
 template <class T>
 struct VWarpDequant : WarpOut {
-  // The ablation: every element of the warp's A operands turned into s c + z (bf16) before the
-  // product; B = p.
+  // The ablation: every element of the warp's A operands turned into s c + z (fp16) before the
+  // product; B = p (fp16).
   static constexpr int kGroups = T::kGroupsD;
 
   __device__ __forceinline__ void reset() {
@@ -249,11 +283,11 @@ struct VWarpDequant : WarpOut {
   }
   __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par, bool,
                                      const float (&pr)[4]) {
-    uint16_t pb[4];
+    uint16_t ph[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) pb[e] = bf16_bits(pr[e]);
+    for (int e = 0; e < 4; ++e) ph[e] = f16_bits(pr[e]);
     uint32_t b[2];
-    p_fragments(pb, b);
+    p_fragments(ph, b);
     // (s, z) of this lane's A columns: tokens 16w + 2t + 8o + {0, 1}, per channel group.
     float2 tsz[kGroups][2][2];
 #pragma unroll
@@ -272,17 +306,24 @@ struct VWarpDequant : WarpOut {
       for (int i = 0; i < 2; ++i) {
         const int j = 2 * sl + i, gv = 16 * j / T::G;
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-          a[i][r] = dequant_v_pair(a[i][r], warp_tile_radix<T::BITS>(j, r & 1), tsz[gv][r >> 1][0], tsz[gv][r >> 1][1]);
-        float raw[4];
-        pv_tile(raw, a[i], b);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
+        for (int r = 0; r < 4; ++r) {
+          // (1024 + f c) s / f + z - 1024 s / f per token of the pair
+          const float f = warp_tile_radix<T::BITS>(j, r & 1);
+          const float2 v = unpack_f16x2(a[i][r]);
+          const float2 sz0 = tsz[gv][r >> 1][0], sz1 = tsz[gv][r >> 1][1];
+          const float s0 = sz0.x / f, s1 = sz1.x / f;
+          a[i][r] = pack_f16x2(fmaf(v.x, s0, sz0.y - kVBias16 * s0), fmaf(v.y, s1, sz1.y - kVBias16 * s1));
+        }
+        pv_tile(out[j], a[i], b);
       }
     }
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
     rescale_out(alpha);
+  }
+  __device__ __forceinline__ void add_real(int j, const float (&raw)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
   }
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
 };
@@ -336,10 +377,9 @@ __device__ void consume_tail_warp(const DecodeParams& p, SharedStorage<T>& s, co
     for (int j = 0; j < 8; ++j) {
       const int ch = 16 * j + L.g;
       const uint32_t a[4] = {v_pair(tk, ch), v_pair(tk, ch + 8), v_pair(tk + 8, ch), v_pair(tk + 8, ch + 8)};
-      float raw[4];
-      pv_tile(raw, a, b);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) vs.out[j][e] += raw[e];
+      float raw[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_bf16_16816(raw, a[0], a[1], a[2], a[3], b[0], b[1]);
+      vs.add_real(j, raw);
     }
   }
 }

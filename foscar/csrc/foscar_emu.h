@@ -270,15 +270,16 @@ inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
   for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
 
-// One warp's m16n8k16 MMA (bf16), the same numerics as wgmma (scripts/probe_tc.py).
-inline void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                           uint32_t b1) {
+// One warp's m16n8k16 MMA (bf16 or fp16), the same numerics as wgmma (scripts/probe_tc.py).
+template <bool F16>
+inline void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
   using namespace ::foscar_emu;
   const uint32_t mine[6] = {a0, a1, a2, a3, b0, b1};
   publish(mine);
   const Warp& wp = tls().warp();
-  auto A = [&](int row, int k) { return bf16_at(wp.slot[(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2); };
-  auto B = [&](int k, int n) { return bf16_at(wp.slot[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); };
+  auto elem = [](uint32_t word, int half) { return F16 ? f16_at(word, half) : bf16_at(word, half); };
+  auto A = [&](int row, int k) { return elem(wp.slot[(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2); };
+  auto B = [&](int k, int n) { return elem(wp.slot[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); };
   const int lane = tls().lane(), g = lane / 4, t = lane % 4;
   float d[4];
   for (int e = 0; e < 4; ++e) {
@@ -289,6 +290,14 @@ inline void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
   }
   done_reading();
   for (int e = 0; e < 4; ++e) c[e] = d[e];
+}
+inline void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                           uint32_t b1) {
+  mma_16816<false>(c, a0, a1, a2, a3, b0, b1);
+}
+inline void mma_f16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                          uint32_t b1) {
+  mma_16816<true>(c, a0, a1, a2, a3, b0, b1);
 }
 
 // movmatrix.m8n8.trans.b16: lane (g, t) gets elements (2t, g) and (2t + 1, g) of the matrix
