@@ -47,6 +47,7 @@ class _Foscar(Backend):
     tolerance = TOLERANCE
     kv_format = "int"
     variant = "fold"
+    num_splits: int | None = None  # None: the launch plan's split count
 
     def available(self) -> str | None:
         try:
