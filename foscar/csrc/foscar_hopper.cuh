@@ -99,24 +99,32 @@ __device__ __forceinline__ void pin_accumulators(R (&r)[N]) {
   for (int i = 0; i < N; ++i) pin_accumulators(r[i]);
 }
 
-// One warp's synchronous m16n8k16 MMA (bf16 operands, fp32 accumulate), for the cold paths that
-// run outside the wgmma pipeline: A rows g / g+8 and columns 2t.. as in wgmma's A fragment, B
-// b0 = (rows 2t, 2t+1; column g), b1 = (rows 2t+8, 2t+9; column g), C / D as wgmma's D per warp.
+// One warp's synchronous m16n8k16 MMA (bf16 or fp16 operands, fp32 accumulate): A rows g / g+8
+// and columns 2t.. as in wgmma's A fragment, B b0 = (rows 2t, 2t+1; column g), b1 = (rows 2t+8,
+// 2t+9; column g), C / D as wgmma's D per warp. bf16: the cold paths outside the wgmma pipeline
+// (the BF16 tail); fp16: the per-warp consumer's PV (V injected as fp16 1024 + f c).
+template <bool F16>
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  if constexpr (F16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  mma_16816<false>(c, a0, a1, a2, a3, b0, b1);
 }
-
-// The same with fp16 operands (the per-warp consumer's PV: V codes injected as fp16 1024 + f c).
 __device__ __forceinline__ void mma_f16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                               uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  mma_16816<true>(c, a0, a1, a2, a3, b0, b1);
 }
 
 // Transposes an 8 x 8 matrix of 16-bit elements spread over a warp as an MMA fragment: lane

@@ -109,3 +109,12 @@ def test_foscar_kernel_reasons_are_passed_through():
     case = Case(batch=1, kv_len=1024, head_dim=64, page_size=128)
     reason = get_backend("foscar-int4").supports(case, None)
     assert reason is not None and "head_dim=64" in reason
+
+
+def test_foscar_backends_take_the_launch_plans_split_count():
+    # prepare() reads num_splits on every FOSCAR backend; only the lab's variants force one.
+    from baselines.foscar import FoscarVariant
+
+    for name in ("foscar-int4", "foscar-int2", "foscar-dequant-int4", "foscar-dequant-int2"):
+        assert get_backend(name).num_splits is None, name
+    assert FoscarVariant("lab", 4, library=None, num_splits=8).num_splits == 8

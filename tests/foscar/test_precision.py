@@ -80,3 +80,18 @@ def test_current_arithmetic_holds_at_long_context(bits, v_mode):
 def test_the_long_context_criterion_rejects_v4():
     ok, msg = _holds_at_long_context(precision.V4, 2, "token")
     assert not ok, msg
+
+
+def test_the_model_rejects_chaining_the_per_warp_products_as_the_h200_did():
+    # v7's first form (docs/PERFORMANCE.md): one accumulator per warp and split, the bias taken
+    # out every 4 chunks. The H200 measured 9.6e-3 (INT4, b1 128K, 49 splits of 42 chunks).
+    ok, msg = _holds_at_long_context(precision.v7(42), 4, "token")
+    assert not ok, msg
+
+
+def test_the_per_warp_consumer_in_the_tree_holds_at_long_context():
+    # v7 as built (FOSCAR_WARP_PV=1): fp16 operands, each warp's 16-token product folded at once.
+    v7 = precision.VArithmetic("v7", centred=False, chains=precision.sequential_chains(16),
+                               radix=precision.v7_radix, operand="fp16")
+    for bits in (2, 4):
+        assert precision.model_error(*_cache(1, 131072, bits, "token"), v7) <= TOLERANCE

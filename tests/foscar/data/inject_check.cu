@@ -1,7 +1,7 @@
 // Host-side check of the kernels' own injection code (foscar_common.cuh): for random words,
 // every position k of both halves of a K word must read as exactly fp16 1024 + f_k * code and
-// of a V word as bf16 128 + f_k * code, where the code sits at bit 16 * half + bits * k
-// (docs/FORMAT.md). It also prints each position's (shift, mask, factor), which
+// of a V word as bf16 128 + f_k * code (inject_v) or fp16 1024 + f_k * code (inject_v16, the
+// per-warp consumer's), where the code sits at bit 16 * half + bits * k (docs/FORMAT.md). It also prints each position's (shift, mask, factor), which
 // tests/foscar/test_injection.py compares with foscar/packing.py's schedules.
 #include <cstdio>
 #include <cstdlib>
@@ -17,12 +17,6 @@ float bf16_value(uint16_t bits) {
   __nv_bfloat16_raw r;
   r.x = bits;
   return __bfloat162float(__nv_bfloat16(r));
-}
-
-float f16_value(uint16_t bits) {
-  __half_raw r;
-  r.x = bits;
-  return __half2float(__half(r));
 }
 
 template <int BITS, int K, bool V>
@@ -41,6 +35,26 @@ int check(uint32_t w) {
     }
   }
   return bad;
+}
+
+template <int BITS, int K>
+int check16(uint32_t w) {
+  const uint32_t x = inject_v16<BITS, K>(w);
+  const float f = static_cast<float>(1 << v16_lsb<BITS>(K));
+  int bad = 0;
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t code = (w >> (16 * h + BITS * K)) & ((1u << BITS) - 1u);
+    const float got = f16_value(static_cast<uint16_t>(x >> (16 * h)));
+    if (got != kKBias + f * code) {
+      if (bad++ < 3) std::printf("v16 bits=%d k=%d half=%d word=%08x: got %g, want %g\n", BITS, K, h, w, got, kKBias + f * code);
+    }
+  }
+  return bad;
+}
+
+template <int BITS, int... Ks>
+int check16_all(uint32_t w, std::integer_sequence<int, Ks...>) {
+  return (check16<BITS, Ks>(w) + ...);
 }
 
 template <int BITS, bool V, int... Ks>
@@ -67,7 +81,15 @@ int main() {
     bad += check_all<2, false>(w, std::make_integer_sequence<int, 8>{});
     bad += check_all<4, true>(w, std::make_integer_sequence<int, 4>{});
     bad += check_all<2, true>(w, std::make_integer_sequence<int, 8>{});
+    bad += check16_all<4>(w, std::make_integer_sequence<int, 4>{});
+    bad += check16_all<2>(w, std::make_integer_sequence<int, 8>{});
   }
+  // The two token offsets of an INT2 channel block must share a factor (one output row).
+  for (int b = 0; b < 4; ++b)
+    if (v16_lsb<2>(v2_position(b, 0)) != v16_lsb<2>(v2_position(b, 1))) {
+      std::printf("v16 INT2 block %d: positions %d and %d differ in factor\n", b, v2_position(b, 0), v2_position(b, 1));
+      ++bad;
+    }
   print_schedule<4, false>();
   print_schedule<2, false>();
   print_schedule<4, true>();
