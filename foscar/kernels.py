@@ -18,7 +18,8 @@ from foscar.config import QuantConfig
 
 CTAS_PER_SM = 3  # what the default build is made for (foscar_ctas_per_sm asks the library)
 CHUNK_TOKENS = 64
-MAX_SPLITS = 64
+MAX_SPLITS = 64  # the planner's
+MAX_FORCED_SPLITS = 128  # the kernels' (foscar_dispatch.h: the split merge's shared-memory weights)
 # The planner's costs, in chunk times: a work item's setup and finish beside its chunks, and the
 # merge of a sequence's splits.
 ITEM_OVERHEAD_CHUNKS = 1.5
@@ -229,9 +230,9 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     plan = _plan_cached(cache, num_sms, ctas_per_sm)
     splits, per_split, ctas = plan.num_splits, plan.chunks_per_split, plan.num_ctas
     if num_splits is not None:
-        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-            raise ValueError(f"num_splits={num_splits!r} is not a split count; pass an int >= 1, "
-                             "or None for the automatic plan.")
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_FORCED_SPLITS:
+            raise ValueError(f"num_splits={num_splits!r} is not a split count; pass an int from 1 to "
+                             f"{MAX_FORCED_SPLITS} (what the split merge holds), or None for the automatic plan.")
         max_chunks = splits * per_split
         per_split = math.ceil(max_chunks / num_splits)
         splits = math.ceil(max_chunks / per_split)

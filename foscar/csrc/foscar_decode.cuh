@@ -365,7 +365,20 @@ struct KFoldChannel {
   float acc[1][4];
   float bias[2], inv[2];  // of this thread's group, heads 2t, 2t+1
 
-  __device__ __forceinline__ void setup(const DecodeParams&, SharedStorage<T>&, const Lane&) {}
+  // Warps whose two heads (16 threads each) are both padding (ratio <= 2 w) skip the rebuild:
+  // their rows of Q~ and their constants are zeroed once per item here.
+  __device__ __forceinline__ static bool padding_warp(const DecodeParams& p, const Lane& L) {
+    return 2 * L.warp >= p.ratio;
+  }
+  __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
+    if (!padding_warp(p, L)) return;
+    const QSlice qs(L.tid);
+#pragma unroll
+    for (int gq = 0; gq < kGroups; ++gq) {
+      *reinterpret_cast<uint4*>(s.q_tile[gq][0] + qs.tile_offset()) = make_uint4(0u, 0u, 0u, 0u);
+      if ((L.tid & 15) == 0) s.kconst[gq][qs.n][0] = 0.f, s.kconst[gq][qs.n][1] = 1.f;
+    }
+  }
   __device__ __forceinline__ void load_constants(SharedStorage<T>&, const Lane&) {}
   __device__ __forceinline__ int my_group(const Lane& L) const { return kGroups == 1 ? 0 : (16 * L.warp) / T::G; }
 
@@ -375,7 +388,7 @@ struct KFoldChannel {
     if (!group_starts) return;
     const QSlice qs(L.tid);
 #pragma unroll
-    for (int gq = 0; gq < kGroups; ++gq) {
+    for (int gq = 0; gq < kGroups && !padding_warp(p, L); ++gq) {
       const __half2* row = reinterpret_cast<const __half2*>(par) + gq * kD;
       float qt[8], sc[8], amax = 0.f;
 #pragma unroll
@@ -1131,21 +1144,45 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (!s.last_split) return;
   __threadfence();
-  for (int idx = L.tid; idx < p.ratio * kD; idx += kConsumerThreads) {
-    const int hd = idx / kD, c = idx % kD;
-    const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits;
+  // Every split's (m, l) of a head is read once: first into shared memory (s.merge, free by
+  // now), then each head's weights exp2(m - max) / denominator, one warp per head; then thread
+  // tid sums channel tid of every head over the splits with independent loads. (Each thread
+  // reading every (m, l) itself, with the loads in a chain, cost ~35 us at batch 1 and 128K,
+  // where the last CTA of a KV head merges 49 splits while the rest of the GPU waits.)
+  const int S = p.num_splits, n = p.ratio * S;  // at most 8 x 128 (foscar_dispatch.h)
+  float* wgt = &s.merge[0][0][0];  // [head][split]
+  static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 heads x 128 splits");
+  const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // head hd, split sp: row0 + hd S + sp
+  for (int i = L.tid; i < n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + (row0 + i) * 2);
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  for (int hd = L.warp; hd < p.ratio; hd += 4) {
     float mx = kNegInf;
-    for (int sp = 0; sp < p.num_splits; ++sp) mx = fmaxf(mx, __ldcg(p.ws_ml + (row0 + sp) * 2));
-    float acc = 0.f, den = 0.f;
-    for (int sp = 0; sp < p.num_splits; ++sp) {
-      const float m = __ldcg(p.ws_ml + (row0 + sp) * 2);
-      if (m == kNegInf) continue;  // a split with no tokens of this sequence
-      const float wgt = exp2f(m - mx);
-      acc += wgt * __ldcg(p.ws_o + (row0 + sp) * kD + c);
-      den += wgt * __ldcg(p.ws_ml + (row0 + sp) * 2 + 1);
+    for (int sp = L.lane; sp < S; sp += 32) mx = fmaxf(mx, wgt[hd * S + sp]);
+    mx = reduce_lanes<32, true>(mx);
+    float den = 0.f;
+    for (int sp = L.lane; sp < S; sp += 32) {
+      const float m = wgt[hd * S + sp];  // a split with no tokens of this sequence weighs 0
+      const float e = m == kNegInf ? 0.f : exp2f(m - mx);
+      den = fmaf(e, __ldcg(p.ws_ml + (row0 + hd * S + sp) * 2 + 1), den);
+      wgt[hd * S + sp] = e;
     }
-    p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc / den);
+    den = reduce_lanes<32, false>(den);
+    for (int sp = L.lane; sp < S; sp += 32) wgt[hd * S + sp] /= den;
   }
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  const int c = L.tid;
+  float acc[kN];
+#pragma unroll
+  for (int hd = 0; hd < kN; ++hd) acc[hd] = 0.f;
+#pragma unroll 2
+  for (int sp = 0; sp < S; ++sp) {
+#pragma unroll
+    for (int hd = 0; hd < kN; ++hd)
+      if (hd < p.ratio) acc[hd] = fmaf(wgt[hd * S + sp], __ldcg(p.ws_o + (row0 + hd * S + sp) * kD + c), acc[hd]);
+  }
+#pragma unroll
+  for (int hd = 0; hd < kN; ++hd)
+    if (hd < p.ratio) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
   named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
 }
 

@@ -25,6 +25,10 @@ inline int check_args(const FoscarDecodeArgs& a) {
     last_error() = "batch, num_kv_heads, num_splits, units_per_split and num_ctas must be >= 1";
     return 2;
   }
+  if (a.num_splits > 128) {  // the split merge keeps 8 heads x 128 splits of weights in shared memory
+    last_error() = "num_splits " + std::to_string(a.num_splits) + " is over the 128 the split merge holds";
+    return 2;
+  }
   if (a.num_q_heads % a.num_kv_heads || a.num_q_heads / a.num_kv_heads > 8) {
     last_error() = "query heads per KV head must be 1..8, got " + std::to_string(a.num_q_heads) + "/" +
                    std::to_string(a.num_kv_heads);

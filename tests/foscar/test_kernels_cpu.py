@@ -123,3 +123,14 @@ def test_build_reports_each_decode_kernels_shared_memory():
     lib = ctypes.CDLL(str(result.so_path))
     assert lib.foscar_decode_smem_bytes(4, 128, 0, 0, 1) == -1
     assert lib.foscar_decode_smem_bytes(3, 128, 1, 0, 0) == -1
+
+
+@pytest.mark.parametrize("splits", [0, 129, True, 2.0])
+def test_a_forced_split_count_outside_what_the_merge_holds_is_refused(splits):
+    k = torch.randn(1, 256, 1, 128, dtype=torch.bfloat16)
+    cache = foscar.quantize(k, k.clone(), [256], QuantConfig(bits=4, group_size=128, k_mode="channel",
+                                                             v_mode="token", page_size=128))
+    q = torch.randn(1, 4, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="num_splits"):
+        kernels.launch_args(q, cache, torch.empty_like(q), sm_scale=None, variant="fold", num_splits=splits,
+                            num_sms=132, ctas_per_sm=3, workspace=lambda *n: None)
