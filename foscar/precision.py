@@ -154,8 +154,8 @@ def warp_chains(chunks_per_split: int, warps: int = 4) -> ChainPlan:
 
 def v7_radix(bits: int, dim: int) -> np.ndarray:
     """The per-warp consumer's fp16 V operands (foscar_common.cuh, inject_v16): channel 32 w +
-    8 b + g of a block at factor [1, 16, 1, 16][b] (INT4) or [64, 4, 256, 16][b] (INT2)."""
-    factors = [1, 16, 1, 16] if bits == 4 else [64, 4, 256, 16]
+    8 b + g of a block at factor 16 (INT4) or [64, 16, 256, 16][b] (INT2)."""
+    factors = [16, 16, 16, 16] if bits == 4 else [64, 16, 256, 16]
     return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
 
 

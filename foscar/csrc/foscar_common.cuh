@@ -80,18 +80,24 @@ __host__ __device__ __forceinline__ uint32_t inject_v(uint32_t w) {
   return and_or<mask>(x, kBf16Bias2);
 }
 // V as fp16 operands 1024 + f c (the per-warp consumer, whose B operand P or P~ is fp16 too),
-// from the same words as inject_v, so with the same storage layout:
-//   INT4: as K, positions 0, 1 in place (f = 1, 16), 2, 3 the same from w >> 8.
-//   INT2: position 0 from w << 2, 1-4 in place, 5-7 from w >> 6, so that the two positions of
-//   each channel block share a factor: blocks 0-3 (positions (3, 6), (0, 1), (4, 7), (2, 5))
-//   at f = 64, 4, 256, 16 (2 shifts and 8 LOP3 per 16 codes; INT4 1 and 4 per 8).
+// from the same words as inject_v, so with the same storage layout. Every code is read at
+// f >= 16: each product is cut toward zero relative to its largest term, so what the output
+// keeps of a code is set by bias : f, and 1024 : 1 (a code read in place at bits 0-3) loses 16x
+// more than v5's bf16 128 : 2 (docs/PERFORMANCE.md, v7).
+//   INT4: position 0 from w << 4, 1 in place, 2 from w >> 4, 3 from w >> 8: all at bits 4-7
+//   (f = 16; 3 shifts and 4 LOP3 per 8 codes).
+//   INT2: position 0 from w << 4, 1 from w << 2, 2-4 in place, 5-7 from w >> 6 (f = 16, 16, 16,
+//   64, 256, 16, 64, 256), so that the two positions of each channel block share a factor:
+//   blocks 0-3 (positions (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 16, 256, 16 (3 shifts and
+//   8 LOP3 per 16 codes).
 template <int BITS>
 __host__ __device__ constexpr int v16_shift(int k) {  // > 0: right shift, < 0: left shift
-  return BITS == 4 ? (k < 2 ? 0 : 8) : (k == 0 ? -2 : (k < 5 ? 0 : 6));
+  return BITS == 4 ? (k == 0 ? -4 : k == 1 ? 0 : k == 2 ? 4 : 8)
+                   : (k == 0 ? -4 : k == 1 ? -2 : (k < 5 ? 0 : 6));
 }
 template <int BITS>
 __host__ __device__ constexpr int v16_lsb(int k) {
-  return BITS == 4 ? 4 * (k % 2) : (k == 0 ? 2 : (k < 5 ? 2 * k : 2 * k - 6));
+  return BITS == 4 ? 4 : (k < 2 ? 4 : (k < 5 ? 2 * k : 2 * k - 6));
 }
 template <int BITS, int K>
 __host__ __device__ __forceinline__ uint32_t inject_v16(uint32_t w) {

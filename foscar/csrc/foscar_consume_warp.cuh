@@ -27,7 +27,7 @@ constexpr float kWarpLazyMax = 0.0f;
 // Radix factor of channel block b (0..3) of a 32-channel slice of the V block (inject_v16).
 template <int BITS>
 __host__ __device__ __forceinline__ constexpr float v16_block_radix(int b) {
-  return BITS == 4 ? (b % 2 ? 16.f : 1.f) : (b == 0 ? 64.f : b == 1 ? 4.f : b == 2 ? 256.f : 16.f);
+  return BITS == 4 ? 16.f : (b == 0 ? 64.f : b == 1 ? 16.f : b == 2 ? 256.f : 16.f);
 }
 // A warp's output tile j (0..7): channels 16 j + g (e < 2) and 16 j + g + 8 (e >= 2), heads
 // 2t + (e & 1). Tile j is m16 tile i = j % 2 of the 32-channel slice j / 2 of the V block, its
