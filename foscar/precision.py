@@ -313,7 +313,14 @@ CURRENT = V5
 # The per-warp consumer (FOSCAR_WARP_PV=1, v7): V operands fp16 1024 + f c and fp16 p~;
 # token-wise V runs one accumulator per (split, warp) over the warp's 16 tokens of each chunk,
 # the bias leaving every 4 chunks; channel-wise V folds each warp's 16-token product at once.
-def v7(chunks_per_split: int) -> VArithmetic:
+def v7(chunks_per_split: int, radix: Callable[[int, int], np.ndarray] = v7_radix) -> VArithmetic:
     return VArithmetic(f"v7: fp16 1024 + f c, one chain per warp and split of {chunks_per_split} chunks, "
-                       "bias out every 4", centred=False, chains=warp_chains(chunks_per_split), radix=v7_radix,
+                       "bias out every 4", centred=False, chains=warp_chains(chunks_per_split), radix=radix,
                        operand="fp16", bias_every=4, channel_chains=sequential_chains(16))
+
+
+def v7_first_radix(bits: int, dim: int) -> np.ndarray:
+    """The first fp16 V schedule measured (commit ea0b0d3): INT4 blocks at f = 1, 16, 1, 16 and
+    INT2 at 64, 4, 256, 16 (codes read in place at f = 1 and 4)."""
+    factors = [1, 16, 1, 16] if bits == 4 else [64, 4, 256, 16]
+    return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)

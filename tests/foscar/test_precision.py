@@ -84,9 +84,10 @@ def test_the_long_context_criterion_rejects_v4():
 
 def test_the_model_rejects_chaining_the_per_warp_products_as_the_h200_did():
     # v7's first form (docs/PERFORMANCE.md): one accumulator per warp and split, the bias taken
-    # out every 4 chunks. The H200 measured 9.6e-3 (INT4, b1 128K, 49 splits of 42 chunks).
-    ok, msg = _holds_at_long_context(precision.v7(42), 4, "token")
-    assert not ok, msg
+    # out every 4 chunks, INT4 codes at f = 1 and 16. The H200 measured 9.6e-3 (INT4, b1 128K,
+    # 49 splits of 42 chunks); the model gives 9.2e-3.
+    modelled = precision.model_error(*_cache(1, 131072, 4, "token"), precision.v7(42, precision.v7_first_radix))
+    assert 9.6e-3 / 1.5 <= modelled <= 9.6e-3 * 1.5, f"model {modelled:.2e}, H200 9.6e-3"
 
 
 def test_the_per_warp_consumer_in_the_tree_holds_at_long_context():
