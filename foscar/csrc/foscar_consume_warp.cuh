@@ -128,24 +128,48 @@ struct WarpOut {
 
 // V sides of the per-warp consumer: pv() attends the warp's 16 tokens of a chunk over all 128
 // channels; finish() adds what was summed apart (before the warps are merged).
+#ifndef FOSCAR_PV_CHAIN
+#define FOSCAR_PV_CHAIN 0
+#endif
+
 template <class T>
 struct VWarpToken : WarpOut {
-  // Token-wise V, operand fold: P~ = p s_{t,gv} (fp16) per channel group; each tile's product,
-  // one k-step from zero, folded at once as raw / f. (Chaining the products over the chunks of
-  // an item, the bias 1024 sum p~ taken out every 4 chunks, measured 5.7e-3 to 9.6e-3 on the
-  // H200 at 32K-128K, as foscar/precision.py predicts: the accumulator then holds the
-  // uncentred sum p~ f c, and its cut toward zero does not average out; docs/PERFORMANCE.md.)
-  // The offsets sum p~ z / s and the bias sum p~ per (group, head) are summed apart and added at
-  // the end as off - 1024 / f * pbar.
+  // Token-wise V, operand fold: P~ = p s_{t,gv} (fp16) per channel group; the offsets
+  // sum p~ z / s per (group, head) are summed apart and added at the end. Two ways to sum the
+  // products, compared in the lab (docs/PERFORMANCE.md, v7):
+  //  - fold (default): each tile's product, one k-step from zero, folded at once as raw / f; the
+  //    bias 1024 sum p~ leaves at the end as 1024 / f * pbar.
+  //  - chain (FOSCAR_PV_CHAIN=1): the products go straight into out (in units of f) over the
+  //    item; the bias is summed on the Tensor Cores too (A = 1024 against the same P~) and
+  //    leaves out every kBiasEvery chunks. With codes at f = 1 this measured 9.6e-3 at 128K; at
+  //    f >= 16 the model gives 1.9e-3 (precision.v7).
   static constexpr int kGroups = T::kGroupsD;
-  float off[kGroups][2], pbar[kGroups][2];  // this thread's partial sums per (group, head)
+  static constexpr bool kChain = FOSCAR_PV_CHAIN != 0;
+  static constexpr int kBiasEvery = 4;
+  float off[kGroups][2];   // this thread's partial offsets per (group, head)
+  float pbar[kGroups][2];  // fold: this thread's partial sums of p~ per (group, head)
+  float bias[kGroups][4];  // chain: 1024 sum p~ per group since it last left, in out's layout
+  int steps;               // chain: chunks since the bias last left
 
   __device__ __forceinline__ void reset() {
     reset_out();
+    steps = 0;
 #pragma unroll
-    for (int gv = 0; gv < kGroups; ++gv) off[gv][0] = off[gv][1] = pbar[gv][0] = pbar[gv][1] = 0.f;
+    for (int gv = 0; gv < kGroups; ++gv) {
+      off[gv][0] = off[gv][1] = pbar[gv][0] = pbar[gv][1] = 0.f;
+      bias[gv][0] = bias[gv][1] = bias[gv][2] = bias[gv][3] = 0.f;
+    }
   }
   __host__ __device__ static constexpr int group_of(int j) { return 16 * j / T::G; }
+  __device__ __forceinline__ void remove_bias() {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[j][e] -= bias[group_of(j)][e];
+#pragma unroll
+    for (int gv = 0; gv < kGroups; ++gv) bias[gv][0] = bias[gv][1] = bias[gv][2] = bias[gv][3] = 0.f;
+    steps = 0;
+  }
   __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par, bool,
                                      const float (&pr)[4]) {
     uint32_t b[kGroups][2];
@@ -164,9 +188,10 @@ struct VWarpToken : WarpOut {
         ph[e] = f16_bits(pr[e] * sc[e >> 1]);
         const float pt = f16_value(ph[e]);
         off[gv][e & 1] = fmaf(pt, zs[e >> 1], off[gv][e & 1]);
-        pbar[gv][e & 1] += pt;
+        if constexpr (!kChain) pbar[gv][e & 1] += pt;
       }
       p_fragments(ph, b[gv]);
+      if constexpr (kChain) mma_f16_16816(bias[gv], kF16Bias2, kF16Bias2, kF16Bias2, kF16Bias2, b[gv][0], b[gv][1]);
     }
 #pragma unroll
     for (int sl = 0; sl < 4; ++sl) {
@@ -175,36 +200,52 @@ struct VWarpToken : WarpOut {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int j = 2 * sl + i;
-        float raw[4];
-        pv_tile_fresh(raw, a[i], b[group_of(j)]);
+        if constexpr (kChain) {
+          pv_tile(out[j], a[i], b[group_of(j)]);
+        } else {
+          float raw[4];
+          pv_tile_fresh(raw, a[i], b[group_of(j)]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) out[j][e] = fmaf(raw[e], 1.f / warp_tile_radix<T::BITS>(j, e >> 1), out[j][e]);
+          for (int e = 0; e < 4; ++e) out[j][e] = fmaf(raw[e], 1.f / warp_tile_radix<T::BITS>(j, e >> 1), out[j][e]);
+        }
       }
+    }
+    if constexpr (kChain) {
+      if (++steps == kBiasEvery) remove_bias();
     }
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
     rescale_out(alpha);
 #pragma unroll
-    for (int gv = 0; gv < kGroups; ++gv)
+    for (int gv = 0; gv < kGroups; ++gv) {
       off[gv][0] *= alpha[0], off[gv][1] *= alpha[1], pbar[gv][0] *= alpha[0], pbar[gv][1] *= alpha[1];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) bias[gv][e] *= alpha[e & 1];
+    }
   }
   __device__ __forceinline__ void add_real(int j, const float (&raw)[4]) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
+    for (int e = 0; e < 4; ++e)
+      out[j][e] = kChain ? fmaf(raw[e], warp_tile_radix<T::BITS>(j, e >> 1), out[j][e]) : out[j][e] + raw[e];
   }
-  // The warp's offsets and bias, summed over its tokens, into every channel of their group.
+  // The warp's offsets (and, folding, its bias), summed over its tokens, into every channel of
+  // their group; chaining, the last bias leaves and out / f first.
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {
+    if constexpr (kChain) remove_bias();
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const float total = sum_rows(off[gv][hh]), bias = sum_rows(pbar[gv][hh]);
+        const float total = sum_rows(off[gv][hh]), pb = kChain ? 0.f : sum_rows(pbar[gv][hh]);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           if (group_of(j) != gv) continue;
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf)
-            out[j][hh + 2 * hf] += fmaf(-kVBias16 / warp_tile_radix<T::BITS>(j, hf), bias, total);
+          for (int hf = 0; hf < 2; ++hf) {
+            const float f = warp_tile_radix<T::BITS>(j, hf);
+            float& o = out[j][hh + 2 * hf];
+            o = kChain ? fmaf(o, 1.f / f, total) : o + fmaf(-kVBias16 / f, pb, total);
+          }
         }
       }
   }

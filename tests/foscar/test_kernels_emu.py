@@ -23,8 +23,12 @@ from foscar.reference import attention_f64
 TOLERANCE = 4e-3  # relative L2 vs float64 over the same dequantized cache: bf16 rounding level
 MODES = [("token", "token"), ("token", "channel"), ("channel", "token"), ("channel", "channel")]
 RNG = random.Random(0)
-# The two consumers: the warpgroup's (default) and the per-warp one of the lab's v6 candidate.
+# The two consumers: the warpgroup's (default) and the per-warp one of the lab's v7 candidate;
+# where token-wise V's products are summed, also the per-warp consumer's chained form.
 CONSUMERS = pytest.mark.parametrize("consumer", [(), ("-DFOSCAR_WARP_PV=1",)], ids=["wg", "warp"])
+CONSUMERS_CHAIN = pytest.mark.parametrize(
+    "consumer", [(), ("-DFOSCAR_WARP_PV=1",), ("-DFOSCAR_WARP_PV=1", "-DFOSCAR_PV_CHAIN=1")],
+    ids=["wg", "warp", "warp-chain"])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -78,7 +82,7 @@ def _error(q, cache, lens, **kwargs):
 @pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("k_mode,v_mode", MODES)
-@CONSUMERS
+@CONSUMERS_CHAIN
 def test_fold_matches_reference(bits, group, k_mode, v_mode, consumer):
     seed, config, lens, hkv, ratio = _case(bits, group, k_mode, v_mode)
     q, cache = _data(config, lens, hkv, ratio, seed)
@@ -88,7 +92,7 @@ def test_fold_matches_reference(bits, group, k_mode, v_mode, consumer):
 
 @pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize("k_mode,v_mode", MODES)
-@CONSUMERS
+@CONSUMERS_CHAIN
 def test_forced_splits_and_many_sequences(bits, k_mode, v_mode, consumer):
     # Many sequences over few persistent CTAs, every split count the merge must combine.
     seed, config, lens, hkv, ratio = _case(bits, 128, k_mode, v_mode, batch=9, ratio=4, max_len=700)
@@ -100,7 +104,7 @@ def test_forced_splits_and_many_sequences(bits, k_mode, v_mode, consumer):
 
 @pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize("k_mode,v_mode", [("channel", "token"), ("token", "channel")])
-@CONSUMERS
+@CONSUMERS_CHAIN
 def test_long_context_flushes_and_late_maxima(bits, k_mode, v_mode, consumer):
     # One split over 5000 tokens: the consumer runs past several folds of its accumulator into
     # the output, and keys that grow along the sequence keep raising the running maximum (past
