@@ -253,7 +253,7 @@ def _run_chains(mma: tcmodel.MmaModel, chains: list[np.ndarray], a_val: np.ndarr
             b = p_pad[:, tok].transpose(1, 0, 2)[:, None, :, :]  # [chains, 1, r, 16]
             acc = mma.dot(acc, a, b)
             if bias_every:
-                bacc = mma.dot(bacc, np.where(tok[:, None, None, :] >= 0, a_bias, 0.0), b)
+                bacc = mma.dot(bacc, a_bias, b)  # padding tokens carry p~ = 0
                 if (t + 1) % bias_every == 0 or t == idx.shape[1] - 1:
                     acc = tcmodel.round_f32(acc - bacc, "rne")
                     bacc = np.zeros_like(bacc)

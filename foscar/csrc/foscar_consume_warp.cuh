@@ -19,15 +19,16 @@
 namespace foscar {
 
 // V operands here are fp16 1024 + f c (inject_v16) and P / P~ fp16: the probabilities stay at
-// or below 1 (kWarpLazyMax = 0), so p~ = p s cannot overflow for any fp16 scale s.
+// or below 1 (WarpSoftmax rescales on any new maximum), so p~ = p s cannot overflow for any fp16
+// scale s.
 constexpr float kVBias16 = 1024.0f;
-constexpr float kWarpLazyMax = 0.0f;
 
 
-// Radix factor of channel block b (0..3) of a 32-channel slice of the V block (inject_v16).
+// Radix factor of channel block b (0..3) of a 32-channel slice of the V block: where inject_v16
+// puts the block's code (INT4 position b; INT2 its first position, which shares its factor).
 template <int BITS>
 __host__ __device__ __forceinline__ constexpr float v16_block_radix(int b) {
-  return BITS == 4 ? 16.f : (b == 0 ? 64.f : b == 1 ? 16.f : b == 2 ? 256.f : 16.f);
+  return static_cast<float>(1 << v16_lsb<BITS>(BITS == 4 ? b : v2_position(b, 0)));
 }
 // A warp's output tile j (0..7): channels 16 j + g (e < 2) and 16 j + g + 8 (e >= 2), heads
 // 2t + (e & 1). Tile j is m16 tile i = j % 2 of the 32-channel slice j / 2 of the V block, its
@@ -84,8 +85,7 @@ struct WarpSoftmax {
 
   template <class T>
   __device__ __forceinline__ bool update(SharedStorage<T>&, const Lane&, const float (&x)[4], float (&alpha)[2]) {
-    const bool over = x[0] > m[0] + kWarpLazyMax || x[2] > m[0] + kWarpLazyMax || x[1] > m[1] + kWarpLazyMax ||
-                      x[3] > m[1] + kWarpLazyMax;
+    const bool over = x[0] > m[0] || x[2] > m[0] || x[1] > m[1] || x[3] > m[1];
     alpha[0] = alpha[1] = 1.f;
     if (!__any_sync(0xffffffffu, over)) return false;
 #pragma unroll

@@ -1144,9 +1144,9 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (!s.last_split) return;
   __threadfence();
-  // Every split's (m, l) of a head is read once: first into shared memory (s.merge, free by
-  // now), then each head's weights exp2(m - max) / denominator, one warp per head; then thread
-  // tid sums channel tid of every head over the splits with independent loads. (Each thread
+  // Every split's m and l of a head are read once: the m into shared memory (s.merge, free by
+  // now), then one warp per head turns them into weights exp2(m - max) / denominator as it reads
+  // the l; then thread tid sums channel tid of every head over the splits with independent loads. (Each thread
   // reading every (m, l) itself, with the loads in a chain, cost ~35 us at batch 1 and 128K,
   // where the last CTA of a KV head merges 49 splits while the rest of the GPU waits.)
   const int S = p.num_splits, n = p.ratio * S;  // at most 8 x 128 (foscar_dispatch.h)

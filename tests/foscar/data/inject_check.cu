@@ -19,47 +19,31 @@ float bf16_value(uint16_t bits) {
   return __bfloat162float(__nv_bfloat16(r));
 }
 
-template <int BITS, int K, bool V>
+// The three readings: K (fp16 1024 + f c), V (bf16 128 + f c), V16 (fp16 1024 + f c).
+enum Kind { K, V, V16 };
+
+template <int BITS, int KK, Kind KIND>
 int check(uint32_t w) {
-  const uint32_t x = V ? inject_v<BITS, K>(w) : inject_k<BITS, K>(w);
-  const float f = V ? v_radix<BITS>(K) : k_radix<BITS>(K);
-  const float bias = V ? kVBias : kKBias;
+  const uint32_t x = KIND == K ? inject_k<BITS, KK>(w) : KIND == V ? inject_v<BITS, KK>(w) : inject_v16<BITS, KK>(w);
+  const float f = KIND == K ? k_radix<BITS>(KK) : KIND == V ? v_radix<BITS>(KK) : float(1 << v16_lsb<BITS>(KK));
+  const float bias = KIND == V ? kVBias : kKBias;
   int bad = 0;
   for (int h = 0; h < 2; ++h) {
-    const uint32_t code = (w >> (16 * h + BITS * K)) & ((1u << BITS) - 1u);
+    const uint32_t code = (w >> (16 * h + BITS * KK)) & ((1u << BITS) - 1u);
     const uint16_t half = static_cast<uint16_t>(x >> (16 * h));
-    const float got = V ? bf16_value(half) : f16_value(half);
+    const float got = KIND == V ? bf16_value(half) : f16_value(half);
     if (got != bias + f * code) {
       if (bad++ < 3)
-        std::printf("bits=%d k=%d v=%d half=%d word=%08x: got %g, want %g\n", BITS, K, V, h, w, got, bias + f * code);
+        std::printf("bits=%d k=%d kind=%d half=%d word=%08x: got %g, want %g\n", BITS, KK, int(KIND), h, w, got,
+                    bias + f * code);
     }
   }
   return bad;
 }
 
-template <int BITS, int K>
-int check16(uint32_t w) {
-  const uint32_t x = inject_v16<BITS, K>(w);
-  const float f = static_cast<float>(1 << v16_lsb<BITS>(K));
-  int bad = 0;
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t code = (w >> (16 * h + BITS * K)) & ((1u << BITS) - 1u);
-    const float got = f16_value(static_cast<uint16_t>(x >> (16 * h)));
-    if (got != kKBias + f * code) {
-      if (bad++ < 3) std::printf("v16 bits=%d k=%d half=%d word=%08x: got %g, want %g\n", BITS, K, h, w, got, kKBias + f * code);
-    }
-  }
-  return bad;
-}
-
-template <int BITS, int... Ks>
-int check16_all(uint32_t w, std::integer_sequence<int, Ks...>) {
-  return (check16<BITS, Ks>(w) + ...);
-}
-
-template <int BITS, bool V, int... Ks>
+template <int BITS, Kind KIND, int... Ks>
 int check_all(uint32_t w, std::integer_sequence<int, Ks...>) {
-  return (check<BITS, Ks, V>(w) + ...);
+  return (check<BITS, Ks, KIND>(w) + ...);
 }
 
 template <int BITS, bool V>
@@ -77,12 +61,12 @@ int main() {
   int bad = 0;
   for (int i = 0; i < 20000; ++i) {
     const uint32_t w = (static_cast<uint32_t>(std::rand()) << 16) ^ static_cast<uint32_t>(std::rand());
-    bad += check_all<4, false>(w, std::make_integer_sequence<int, 4>{});
-    bad += check_all<2, false>(w, std::make_integer_sequence<int, 8>{});
-    bad += check_all<4, true>(w, std::make_integer_sequence<int, 4>{});
-    bad += check_all<2, true>(w, std::make_integer_sequence<int, 8>{});
-    bad += check16_all<4>(w, std::make_integer_sequence<int, 4>{});
-    bad += check16_all<2>(w, std::make_integer_sequence<int, 8>{});
+    bad += check_all<4, K>(w, std::make_integer_sequence<int, 4>{});
+    bad += check_all<2, K>(w, std::make_integer_sequence<int, 8>{});
+    bad += check_all<4, V>(w, std::make_integer_sequence<int, 4>{});
+    bad += check_all<2, V>(w, std::make_integer_sequence<int, 8>{});
+    bad += check_all<4, V16>(w, std::make_integer_sequence<int, 4>{});
+    bad += check_all<2, V16>(w, std::make_integer_sequence<int, 8>{});
   }
   // The two token offsets of an INT2 channel block must share a factor (one output row).
   for (int b = 0; b < 4; ++b)
