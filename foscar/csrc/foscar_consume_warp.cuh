@@ -437,39 +437,43 @@ __device__ void finish_item_warp(const DecodeParams& p, SharedStorage<T>& s, con
     if (L.g == 0) s.red[L.warp][2 * L.t + hh][0] = sm.m[hh], s.red[L.warp][2 * L.t + hh][2] = l;
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
-  // This warp's output against the maximum over the warps, into the merge buffer.
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int hd = 2 * L.t + hh;
-    float mx = kNegInf;
-#pragma unroll
-    for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
-    const float scale = sm.m[hh] == kNegInf ? 0.f : exp2f(sm.m[hh] - mx);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) s.merge[L.warp][hd][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
-  }
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  // Thread tid: channel tid of every head.
+  // Heads in passes of four (the real ones: ratio is 1, 2, 4 or 8): each warp's output against
+  // the maximum over the warps into the merge buffer, then thread tid sums channel tid of each.
   const int hq0 = w.h * p.ratio, c = L.tid;
-  for (int hd = 0; hd < p.ratio; ++hd) {
-    float mx = kNegInf;
+  for (int h0 = 0; h0 < p.ratio; h0 += kN / 2) {
+    if (h0 > 0) named_barrier(kConsumerBarrier, kConsumerThreads);  // the last pass is read out
 #pragma unroll
-    for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
-    float o = 0.f, l = 0.f;
+    for (int hh = 0; hh < 2; ++hh) {
+      const int hd = 2 * L.t + hh;
+      if (hd < h0 || hd >= h0 + kN / 2) continue;
+      float mx = kNegInf;
 #pragma unroll
-    for (int ww = 0; ww < 4; ++ww) {
-      o += s.merge[ww][hd][c];
-      const float m = s.red[ww][hd][0];
-      if (m != kNegInf) l += exp2f(m - mx) * s.red[ww][hd][2];
+      for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+      const float scale = sm.m[hh] == kNegInf ? 0.f : exp2f(sm.m[hh] - mx);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) s.merge[L.warp][hd - h0][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
     }
-    if (p.num_splits == 1) {
-      p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
-    } else {
-      const size_t row = ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits + w.split;
-      p.ws_o[row * kD + c] = o;
-      if (c == 0) p.ws_ml[row * 2] = mx, p.ws_ml[row * 2 + 1] = l;
+    named_barrier(kConsumerBarrier, kConsumerThreads);
+    for (int hd = h0; hd < min(p.ratio, h0 + kN / 2); ++hd) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+      float o = 0.f, l = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < 4; ++ww) {
+        o += s.merge[ww][hd - h0][c];
+        const float m = s.red[ww][hd][0];
+        if (m != kNegInf) l += exp2f(m - mx) * s.red[ww][hd][2];
+      }
+      if (p.num_splits == 1) {
+        p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
+      } else {
+        const size_t row = ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits + w.split;
+        p.ws_o[row * kD + c] = o;
+        if (c == 0) p.ws_ml[row * 2] = mx, p.ws_ml[row * 2 + 1] = l;
+      }
     }
   }
   if (p.num_splits == 1) {
@@ -482,8 +486,12 @@ __device__ void finish_item_warp(const DecodeParams& p, SharedStorage<T>& s, con
 // The consumer warpgroup with per-warp softmax and PV: the items of this CTA, chunk by chunk.
 template <class T, class KSide, class VSide>
 __device__ void consume_warp(const DecodeParams& p, SharedStorage<T>& s) {
-  const Lane L(threadIdx.x - 128);
+  const Lane L(threadIdx.x - T::kConsumerBase);
   int it = 0;
+  Feeder<T> feeder{p, s, 0u};
+  if constexpr (T::kSelfFed) {
+    if (L.tid == 0) feeder.start();
+  }
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
     KSide ks;
@@ -524,6 +532,9 @@ __device__ void consume_warp(const DecodeParams& p, SharedStorage<T>& s) {
       vs.pv(s, L, st + T::kCodeBytes, v_par, last || (tok0 + kChunk) % T::G == 0, pr);
       __syncwarp();
       if (L.lane == 0) mbar_arrive(&s.empty[it % T::kStages]);
+      if constexpr (T::kSelfFed) {
+        if (L.tid == 0) feeder.refill();  // into chunk c - 1's stage: every warp is normally done with it
+      }
       wgmma_wait<0>();
       pin_accumulators(ks.acc);
     }

@@ -110,11 +110,17 @@ constexpr float kZeroScaleStandIn = 1.0f;
 #ifndef FOSCAR_WARP_PV
 #define FOSCAR_WARP_PV 0
 #endif
+// The lab's self-fed ring (per-warp consumer only): no producer warpgroup; lane 0 of consumer
+// warp 0 refills the ring itself, so a CTA is one warpgroup of 128 registers a thread and four
+// CTAs share an SM (four consumer warps per scheduler instead of three).
+#ifndef FOSCAR_SELF_FEED
+#define FOSCAR_SELF_FEED 0
+#endif
 #ifndef FOSCAR_CTAS_INT4
-#define FOSCAR_CTAS_INT4 3
+#define FOSCAR_CTAS_INT4 (FOSCAR_SELF_FEED ? 4 : 3)
 #endif
 #ifndef FOSCAR_CTAS_INT2
-#define FOSCAR_CTAS_INT2 3
+#define FOSCAR_CTAS_INT2 (FOSCAR_SELF_FEED ? 4 : 3)
 #endif
 #ifndef FOSCAR_STAGES_INT4
 #define FOSCAR_STAGES_INT4 4
@@ -122,6 +128,7 @@ constexpr float kZeroScaleStandIn = 1.0f;
 #ifndef FOSCAR_STAGES_INT2
 #define FOSCAR_STAGES_INT2 6
 #endif
+static_assert(!FOSCAR_SELF_FEED || FOSCAR_WARP_PV, "the self-fed ring is built for the per-warp consumer (FOSCAR_WARP_PV=1)");
 
 template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_>
 struct DecodeTraits {
@@ -135,7 +142,9 @@ struct DecodeTraits {
   static constexpr int kStageBytes = 2 * kCodeBytes + kKParamBytes + kVParamBytes;
   static constexpr int kStages = BITS == 4 ? FOSCAR_STAGES_INT4 : FOSCAR_STAGES_INT2;
   static constexpr int kCtasPerSm = BITS == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
-  static constexpr int kThreads = 256;  // producer warpgroup + consumer warpgroup
+  static constexpr bool kSelfFed = FOSCAR_SELF_FEED;
+  static constexpr int kThreads = kSelfFed ? 128 : 256;  // (producer warpgroup +) consumer warpgroup
+  static constexpr int kConsumerBase = kThreads - 128;   // the consumer warpgroup's first thread
   // Registers: the cap at entry, then the producer gives its share to the consumers.
   static constexpr int kEntryRegs = (65536 / (kThreads * kCtasPerSm)) / 8 * 8;
   static constexpr int kProducerRegs = 24;
@@ -144,9 +153,17 @@ struct DecodeTraits {
   static constexpr int kWordsV = 2 * BITS;        // V words per lane of one 64-token block
   static constexpr bool kHasTail = KCH || VCH;
   static_assert(kStageBytes % 16 == 0 && kCodeBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
+  // The feeder refills chunk c - 1's stage at the end of chunk c, after the wait for chunk c + 1.
+  static_assert(!kSelfFed || kStages >= 3, "the self-fed ring needs at least 3 stages");
 };
 
 // ---------------------------------------------------------------------------------------
+// The self-fed ring's cursor (Feeder below).
+struct FeedCursor {
+  int item, c, end, h, filled;  // the next chunk to copy (its item, index, item's end, KV head); copies issued
+  const int32_t* row;           // its sequence's page table row
+};
+
 // Shared memory, one typed struct: the ring, the B operands, the query, exchange slots.
 template <class T>
 struct SharedStorage {
@@ -159,7 +176,10 @@ struct SharedStorage {
   float q32[kN][kD];                                      // the query heads; zero rows past ratio
   float kconst[T::KCH ? T::kGroupsT : T::kGroupsD][kN][4];  // per (group, head) constants of the K fold
   float red[4][kN][12];  // [warp][head][slot]: 0 max, 1 group p-sum, 2 denominator, 3.. offsets, 7.. p~ sums
-  float merge[FOSCAR_WARP_PV ? 4 : 1][kN][kD];  // per-warp consumer: each warp's output at the item's end
+  // Per-warp consumer: each warp's output at the item's end, 4 heads a pass; the split merge's
+  // weights (8 heads x 128 splits) in either consumer.
+  float merge[FOSCAR_WARP_PV ? 4 : 2][kN / 2][kD];
+  FeedCursor feed;  // the self-fed ring's cursor
   uint64_t full[T::kStages], empty[T::kStages];
   int last_split;
 };
@@ -195,6 +215,34 @@ __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Chunk c (its first token's page given) of KV head h into a stage of the ring: four bulk copies
+// completing on the stage's "full" mbarrier.
+template <class T>
+__device__ __forceinline__ void copy_chunk(const DecodeParams& p, SharedStorage<T>& s, int h, unsigned page, int c,
+                                           int stage) {
+  const int tok = c * kChunk;
+  const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
+  const int tip = tok - lpage * p.page_size;
+  // Pages hold every head: the page, this head's slice, the chunk's first 16-token row.
+  const unsigned long long codes = (unsigned long long)page * p.code_page_bytes + (unsigned)(h * p.code_head_bytes) +
+                                   (unsigned)(tip / 16 * (16 * kD * T::BITS / 8));
+  const unsigned long long params = (unsigned long long)page * p.param_page_bytes + (unsigned)(h * p.param_head_bytes);
+  const unsigned k_par = T::KCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
+  const unsigned v_par = T::VCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
+  uint8_t* st = s.ring[stage];
+  mbar_arrive_expect_tx(&s.full[stage], T::kStageBytes);
+  bulk_copy_g2s(st, p.k_codes + codes, T::kCodeBytes, &s.full[stage]);
+  bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + codes, T::kCodeBytes, &s.full[stage]);
+  bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + params + k_par, T::kKParamBytes, &s.full[stage]);
+  bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kKParamBytes, p.v_params + params + v_par, T::kVParamBytes,
+                &s.full[stage]);
+}
+
+__device__ __forceinline__ unsigned chunk_page(const DecodeParams& p, const int32_t* row, int c) {
+  const int tok = c * kChunk;
+  return static_cast<unsigned>(row[p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size]);
+}
+
 // The producer: one lane streams every chunk of the CTA's items into the ring.
 template <class T>
 __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
@@ -205,26 +253,57 @@ __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, ++it) {
       const int stage = it % T::kStages;
       mbar_wait(&s.empty[stage], ((it / T::kStages) & 1) ^ 1);  // the consumers freed it
-      const int tok = c * kChunk;
-      const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
-      const unsigned long long page = static_cast<unsigned>(row[lpage]);
-      const int tip = tok - lpage * p.page_size;
-      // Pages hold every head: the page, this head's slice, the chunk's first 16-token row.
-      const unsigned long long codes = page * p.code_page_bytes + (unsigned)(w.h * p.code_head_bytes) +
-                                       (unsigned)(tip / 16 * (16 * kD * T::BITS / 8));
-      const unsigned long long params = page * p.param_page_bytes + (unsigned)(w.h * p.param_head_bytes);
-      const unsigned k_par = T::KCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
-      const unsigned v_par = T::VCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
-      uint8_t* st = s.ring[stage];
-      mbar_arrive_expect_tx(&s.full[stage], T::kStageBytes);
-      bulk_copy_g2s(st, p.k_codes + codes, T::kCodeBytes, &s.full[stage]);
-      bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + codes, T::kCodeBytes, &s.full[stage]);
-      bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + params + k_par, T::kKParamBytes, &s.full[stage]);
-      bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kKParamBytes, p.v_params + params + v_par, T::kVParamBytes,
-                    &s.full[stage]);
+      copy_chunk<T>(p, s, w.h, chunk_page(p, row, c), c, stage);
     }
   }
 }
+
+// The self-fed ring's feeder (FOSCAR_SELF_FEED): lane 0 of consumer warp 0 walks the CTA's chunks
+// in the consumers' order, ahead of them. Its cursor (FeedCursor) lives in shared memory, except
+// the next chunk's page, loaded one refill ahead so that the page table's latency is off the
+// warp's path.
+template <class T>
+struct Feeder {
+  const DecodeParams& p;
+  SharedStorage<T>& s;
+  unsigned page;  // of the next chunk (lane 0 only)
+
+  // The first item at or after `item` that has chunks; its first page.
+  __device__ __forceinline__ void seek(int item) {
+    FeedCursor& f = s.feed;
+    for (; item < p.num_items; item += gridDim.x) {
+      const WorkItem w = work_item<T>(p, item);
+      if (w.chunk_begin < w.chunk_end) {
+        f.c = w.chunk_begin, f.end = w.chunk_end, f.h = w.h;
+        f.row = p.page_table + (size_t)w.b * p.max_pages;
+        page = chunk_page(p, f.row, f.c);
+        break;
+      }
+    }
+    f.item = item;
+  }
+  // Copy the next chunk once every warp has read the stage it goes to (its last chunk).
+  __device__ __forceinline__ void refill() {
+    FeedCursor& f = s.feed;
+    if (f.item >= p.num_items) return;
+    const int stage = f.filled % T::kStages;
+    mbar_wait(&s.empty[stage], ((f.filled / T::kStages) & 1) ^ 1);
+    copy_chunk<T>(p, s, f.h, page, f.c, stage);
+    ++f.filled;
+    if (++f.c < f.end) {
+      page = chunk_page(p, f.row, f.c);
+    } else {
+      seek(f.item + gridDim.x);
+    }
+  }
+  // The ring's first kStages - 1 chunks; then one refill per chunk consumed keeps one stage
+  // for the chunk being read and the rest in flight.
+  __device__ __forceinline__ void start() {
+    s.feed.filled = 0;
+    seek(blockIdx.x);
+    for (int i = 0; i < T::kStages - 1; ++i) refill();
+  }
+};
 
 // ---------------------------------------------------------------------------------------
 // The consumer's view of itself: warp w (0..3) of the warpgroup, lane (g, t).
@@ -993,7 +1072,7 @@ struct SStream {
 // The consumer warpgroup: the items of this CTA, chunk by chunk.
 template <class T, class KSide, class VSide>
 __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
-  const Lane L(threadIdx.x - 128);
+  const Lane L(threadIdx.x - T::kConsumerBase);
   int it = 0;
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
@@ -1251,7 +1330,8 @@ using VSideOf = typename std::conditional<T::DEQ, VDequant<T>,
 namespace foscar {
 
 template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
-__global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ>::kCtasPerSm)
+__global__ void __launch_bounds__(DecodeTraits<BITS, G, KCH, VCH, DEQ>::kThreads,
+                                  DecodeTraits<BITS, G, KCH, VCH, DEQ>::kCtasPerSm)
     foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
   using T = DecodeTraits<BITS, G, KCH, VCH, DEQ>;
   SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(dynamic_smem());
@@ -1263,7 +1343,9 @@ __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ>::kCt
     mbar_init_fence();
   }
   __syncthreads();
-  if (threadIdx.x < 128) {  // producer warpgroup: one lane streams, the rest leave
+  if constexpr (T::kSelfFed) {
+    consume_warp<T, KSideOf<T>, VWarpSideOf<T>>(p, s);
+  } else if (threadIdx.x < 128) {  // producer warpgroup: one lane streams, the rest leave
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) produce<T>(p, s);
   } else {

@@ -39,6 +39,9 @@ struct CudaLaunch {
         return 2;
       }
       e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      // All of the unified L1 as shared memory, so that kCtasPerSm CTAs fit where their rings do.
+      if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
       if (e != cudaSuccess) {
         last_error() = std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
         return 1;

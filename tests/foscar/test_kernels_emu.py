@@ -23,12 +23,14 @@ from foscar.reference import attention_f64
 TOLERANCE = 4e-3  # relative L2 vs float64 over the same dequantized cache: bf16 rounding level
 MODES = [("token", "token"), ("token", "channel"), ("channel", "token"), ("channel", "channel")]
 RNG = random.Random(0)
-# The two consumers: the warpgroup's (default) and the per-warp one of the lab's v7 candidate;
-# where token-wise V's products are summed, also the per-warp consumer's chained form.
-CONSUMERS = pytest.mark.parametrize("consumer", [(), ("-DFOSCAR_WARP_PV=1",)], ids=["wg", "warp"])
+# The two consumers: the warpgroup's (default) and the per-warp one of the lab's v7 candidate,
+# also with the self-fed ring (no producer warpgroup); where token-wise V's products are summed,
+# also the per-warp consumer's chained form.
+WARP_FED = ("-DFOSCAR_WARP_PV=1", "-DFOSCAR_SELF_FEED=1")
+CONSUMERS = pytest.mark.parametrize("consumer", [(), ("-DFOSCAR_WARP_PV=1",), WARP_FED], ids=["wg", "warp", "warp-fed"])
 CONSUMERS_CHAIN = pytest.mark.parametrize(
-    "consumer", [(), ("-DFOSCAR_WARP_PV=1",), ("-DFOSCAR_WARP_PV=1", "-DFOSCAR_PV_CHAIN=1")],
-    ids=["wg", "warp", "warp-chain"])
+    "consumer", [(), ("-DFOSCAR_WARP_PV=1",), WARP_FED, ("-DFOSCAR_WARP_PV=1", "-DFOSCAR_PV_CHAIN=1")],
+    ids=["wg", "warp", "warp-fed", "warp-chain"])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -155,6 +157,7 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode, consumer):
 @pytest.mark.parametrize("knobs", [
     ("-DFOSCAR_STAGES_INT4=2", "-DFOSCAR_STAGES_INT2=2"),
     ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6"),
+    (*WARP_FED, "-DFOSCAR_STAGES_INT4=3", "-DFOSCAR_STAGES_INT2=3"),  # the feeder's shallowest ring
 ])
 def test_build_knobs_compute_the_same_function(knobs):
     # The lab's variants (ring depth: a ring of 2 stages makes the producer wait on every chunk;
