@@ -4,9 +4,9 @@ This module is the only code that knows the layout; everything else asks it. K a
 in blocks of their own size (`block_tokens`): K in 16-token tiles whose words are the A
 fragments of a 16-row MMA (tokens on M, channels on K), V in 64-token blocks whose words are
 the A fragments each warp of a warpgroup holds for O^T = V^T P^T (channels on M, tokens on K).
-How the kernels read a word (`extraction_schedule`) is part of the layout: K reads as fp16
-operands 1024 + f c, V as bf16 operands 128 + f c, and the radix factor f of each position
-folds into the query (K) or into the output channel (V).
+How the kernels read a word (`extraction_schedule`) is part of the layout: K and V read as fp16
+operands 1024 + f c, and the radix factor f of each position folds into the query (K) or into
+the output channel (V).
 """
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ BLOCK_TOKENS = {"k": 16, "v": 64}
 KINDS = ("k", "v")
 HEAD_DIMS = (64, 128, 256)
 # The operand each kind's codes become: (dtype, bias, the bias in both halves of a word).
-OPERANDS = {"k": ("fp16", 1024.0, 0x64006400), "v": ("bf16", 128.0, 0x43004300)}
-BF16_128_PAIR = 0x43004300
 FP16_1024_PAIR = 0x64006400
+OPERANDS = {"k": ("fp16", 1024.0, FP16_1024_PAIR), "v": ("fp16", 1024.0, FP16_1024_PAIR)}
 
 # INT2 V: per 16-bit half, positions k = 0..7 hold (channel block b, token offset o); each block's
 # two positions read at the same radix factor, so the factor folds into the output channel.
@@ -59,13 +58,14 @@ def extraction_schedule(bits: int, kind: str) -> tuple[tuple[int, int], ...]:
         if bits == 4:
             return ((0, 0xF * pair), (0, 0xF0 * pair), (8, 0xF * pair), (8, 0xF0 * pair))
         return tuple((0, (3 << 2 * k) * pair) for k in range(5)) + tuple((10, (3 << 2 * k) * pair) for k in range(3))
-    # bf16, 7 mantissa bits. Every V code is read at an even factor (bit 1 or above): chosen when
-    # the kernels centred V (128 + f (2^bits - 1) / 2 had to be an integer); docs/FORMAT.md.
-    if bits == 4:  # one position per shift, all at bits 1-4 (factor 2)
-        return ((-1, 0x1E * pair), (3, 0x1E * pair), (7, 0x1E * pair), (11, 0x1E * pair))
+    # V, fp16 as well, every code at bit 4 or above (f >= 16): a PV product is cut toward zero
+    # relative to its largest term, so the bias : f ratio sets what a code keeps of its value
+    # (docs/FORMAT.md, docs/PERFORMANCE.md "v7").
+    if bits == 4:  # position 0 from w << 4, 1 in place, 2 and 3 from w >> 4, >> 8: all at f = 16
+        return ((-4, 0xF0 * pair), (0, 0xF0 * pair), (4, 0xF0 * pair), (8, 0xF0 * pair))
     # INT2: the two positions of one channel block share a factor (see _V2_SLOT).
-    return ((-3, 0x18 * pair), (-1, 0x18 * pair), (-1, 0x60 * pair), (5, 0x6 * pair),
-            (5, 0x18 * pair), (5, 0x60 * pair), (11, 0x6 * pair), (11, 0x18 * pair))
+    return ((-4, 0x30 * pair), (-2, 0x30 * pair), (0, 0x30 * pair), (0, 0xC0 * pair),
+            (0, 0x300 * pair), (6, 0x30 * pair), (6, 0xC0 * pair), (6, 0x300 * pair))
 
 
 def radix_factors(bits: int, kind: str) -> list[int]:

@@ -2,12 +2,13 @@
 
 O^T = V^T P^T runs on the Tensor Cores, whose fp32 accumulation cuts every addend towards zero
 at the alignment of the largest (foscar/tcmodel.py). The K side and the softmax only see
-rounding errors of random sign; the V side, with codes injected as 128 + f c and positive
-probabilities, sees a cut of one sign, proportional to the running sum of the bias, and that
+rounding errors of random sign; the V side, with codes injected as bias + f c (bf16 128 or
+fp16 1024) and positive probabilities, sees a cut of one sign, proportional to the running sum
+of the bias, and that
 error does not average out: relative to the output, which shrinks as 1/sqrt(context) for
 random data, it grows with the context. This module replays exactly that part:
 
-  p~ = bf16(p * s) (token-wise V) or bf16(p) (channel-wise V), from exact float64 p;
+  p~ = p * s (token-wise V) or p (channel-wise V) in the operand type, from exact float64 p;
   raw = the chain of MMAs over a kernel's token tiles, each step through the H200 model;
   the fold of raw into the fp32 output at the kernel's flush points, exact;
   the output rounded to bf16;
@@ -153,8 +154,8 @@ def warp_chains(chunks_per_split: int, warps: int = 4) -> ChainPlan:
 
 
 def v7_radix(bits: int, dim: int) -> np.ndarray:
-    """The per-warp consumer's fp16 V operands (foscar_common.cuh, inject_v16): channel 32 w +
-    8 b + g of a block at factor 16 (INT4) or [64, 16, 256, 16][b] (INT2)."""
+    """v7's fp16 V operands (foscar_common.cuh, inject_v; the layout of packing.py): channel
+    32 w + 8 b + g of a block at factor 16 (INT4) or [64, 16, 256, 16][b] (INT2)."""
     factors = [16, 16, 16, 16] if bits == 4 else [64, 16, 256, 16]
     return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
 
@@ -303,17 +304,32 @@ def _dequant(codes: torch.Tensor, params: torch.Tensor, mode: str, group: int) -
     s, z = _params(params, mode, group, n, dim)
     return codes.numpy().astype(np.float64) * s + z
 
-# The arithmetic of the kernels in foscar/csrc (v5): V operands bf16 128 + f c as injected;
-# each 64-token chunk's PV chain starts from zero and is folded into the fp32 output when it
-# completes (a channel-wise chunk of two 32-token groups keeps one chain per group), and the
-# bias leaves through a sum of p apart.
-V5 = VArithmetic("v5: bf16 128 + f c, one chain per 64-token chunk", centred=False, chains=sequential_chains(64))
-CURRENT = V5
+def v5_radix(bits: int, dim: int) -> np.ndarray:
+    """v5's bf16 V operands (the warpgroup consumer, until 2026-12-02): channel 32 w + 8 b + g of
+    a block at factor 2 (INT4) or [2, 8, 8, 32][b] (INT2)."""
+    factors = [2, 2, 2, 2] if bits == 4 else [2, 8, 8, 32]
+    return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
 
-# The per-warp consumer (FOSCAR_WARP_PV=1, v7): V operands fp16 1024 + f c and fp16 p~;
-# token-wise V runs one accumulator per (split, warp) over the warp's 16 tokens of each chunk,
-# the bias leaving every 4 chunks; channel-wise V folds each warp's 16-token product at once.
-def v7(chunks_per_split: int, radix: Callable[[int, int], np.ndarray] = v7_radix) -> VArithmetic:
+
+# v5 (the warpgroup consumer): V operands bf16 128 + f c as injected; each 64-token chunk's PV
+# chain starts from zero and is folded into the fp32 output when it completes (a channel-wise
+# chunk of two 32-token groups keeps one chain per group), the bias leaving through a sum of p.
+V5 = VArithmetic("v5: bf16 128 + f c, one chain per 64-token chunk", centred=False, chains=sequential_chains(64),
+                 radix=v5_radix)
+
+# The arithmetic of the kernels in foscar/csrc (v7): V operands fp16 1024 + f c, every code at
+# f >= 16 (packing.py's schedule), p~ fp16; each warp's 16-token product (one k-step) starts from
+# zero and is folded into the fp32 output at once; the bias leaves through a sum of p~.
+V7 = VArithmetic("v7: fp16 1024 + f c at f >= 16, each warp's 16-token product folded at once", centred=False,
+                 chains=sequential_chains(16), operand="fp16")
+CURRENT = V7
+
+
+# v7 with token-wise V chained: one accumulator per (split, warp) over the warp's 16 tokens of
+# each chunk, the bias leaving every 4 chunks; channel-wise V folds each 16-token product at once.
+# Its first schedule (v7_first_radix) was wrong on the H200; at f >= 16 the model holds it, and
+# it measured no faster (docs/PERFORMANCE.md), so the kernels do not chain.
+def v7_chained(chunks_per_split: int, radix: Callable[[int, int], np.ndarray] = v7_radix) -> VArithmetic:
     return VArithmetic(f"v7: fp16 1024 + f c, one chain per warp and split of {chunks_per_split} chunks, "
                        "bias out every 4", centred=False, chains=warp_chains(chunks_per_split), radix=radix,
                        operand="fp16", bias_every=4, channel_chains=sequential_chains(16))

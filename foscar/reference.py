@@ -14,7 +14,7 @@ from foscar.cache import QuantizedKVCache, gather_params
 
 F64 = torch.float64
 K_BIAS = packing.OPERANDS["k"][1]  # K codes become fp16 1024 + f c
-V_BIAS = packing.OPERANDS["v"][1]  # V codes become bf16 128 + f c
+V_BIAS = packing.OPERANDS["v"][1]  # V codes become fp16 1024 + f c
 OPERAND_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

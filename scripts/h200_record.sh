@@ -2,6 +2,7 @@
 # The device calls that produce what docs/PERFORMANCE.md and the bundled results quote, in
 # stages that each fit one call (under 10 minutes):
 #   STAGES="tests lab profile" bash scripts/h200_record.sh   are the kernels right, how fast, why
+#   STAGES="accuracy" bash scripts/h200_record.sh            the error at 4K-256K tokens, every mode
 #   STAGES="paper alu" bash scripts/h200_record.sh           every backend at the paper point
 #   STAGES="full" RESUME=<run id> bash scripts/h200_record.sh  the full grid, resumable
 #   STAGES="ceiling nvfp4" bash scripts/h200_record.sh       the searched read ceiling; FlashInfer NVFP4 vs its own timer
@@ -28,9 +29,9 @@ if [[ -d .bitdecoding/build ]]; then export PYTHONPATH=$PWD/.bitdecoding/build:$
 smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv,noheader; }
 echo "== start $(date -u +%FT%TZ) stages: $STAGES; $(smi)" | tee "$LOG"
 
-LAB_VARIANTS="v5= v6=FOSCAR_WARP_PV=1 c4=FOSCAR_CTAS_INT4=4,FOSCAR_CTAS_INT2=4"  # c2 and deeper rings lost (docs/PERFORMANCE.md)
+LAB_VARIANTS=${LAB_VARIANTS:-"v7="}  # c2, c4 and deeper rings lost (docs/PERFORMANCE.md)
 BACKENDS_PAPER=flashinfer-bf16-tc,flashinfer-bf16,flashinfer-fp8,trtllm-xqa-fp8,flashinfer-nvfp4-tc,trtllm-nvfp4,bitdecoding-int4,bitdecoding-int2,foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2
-BACKENDS_FULL=flashinfer-bf16-tc,trtllm-xqa-fp8,foscar-int4,foscar-int2
+BACKENDS_FULL=${BACKENDS_FULL:-flashinfer-bf16-tc,trtllm-xqa-fp8,foscar-int4,foscar-int2}
 
 [[ -z "${CEILING:-}" && -s "$FOSCAR_CACHE_DIR/ceiling.json" ]] && CEILING=$FOSCAR_CACHE_DIR/ceiling.json
 for stage in $STAGES; do
@@ -42,11 +43,14 @@ for stage in $STAGES; do
             tests/foscar/test_cache_gpu.py tests/suite/test_gpu.py 2>&1 | tee "$W/pytest_gpu.txt" | tail -15 | tee -a "$LOG" ;;
     lab)    # build variants, check each at the headline shape, time them interleaved; then every mode
         VARIANTS="$LAB_VARIANTS" CONFIGS=4ct,2ct OUT="$W/lab" LAB_TIMEOUT=200 bash scripts/h200_lab.sh 2>&1 | tail -14 | tee -a "$LOG"
-        VARIANTS="v5=" CONFIGS=4tt,4tc,4cc,2tt,2tc,2cc,4ctd,2ctd OUT="$W/modes" LAB_TIMEOUT=200 \
+        VARIANTS="v7=" CONFIGS=4tt,4tc,4cc,2tt,2tc,2cc,4ctd,2ctd OUT="$W/modes" LAB_TIMEOUT=200 \
             bash scripts/h200_lab.sh 2>&1 | tail -12 | tee -a "$LOG" ;;
     profile)  # stall reasons per SASS instruction, the default build at the headline shape
-        VARIANTS="v5=" PROFILE=v5 CONFIGS=4ct,2ct OUT="$W/ncu" LAB_TIMEOUT=120 bash scripts/h200_lab.sh 2>&1 \
+        VARIANTS="v7=" PROFILE=v7 CONFIGS=4ct,2ct OUT="$W/ncu" LAB_TIMEOUT=120 bash scripts/h200_lab.sh 2>&1 \
             | grep -E "Duration|Issued Warp|Eligible|Warp Cycles" | tee -a "$LOG" ;;
+    accuracy)  # error against float64 at 4K-256K, every mode and width, batch 1 (docs/PERFORMANCE.md, v7)
+        timeout 300 python3 scripts/accuracy_long.py --bits 2,4 --modes ct,tt,tc,cc --kv-len 4k,32k,128k,256k \
+            --batch 1 --json "$W/acc_b1.json" 2>&1 | tail -34 | tee -a "$LOG" ;;
     paper)
         timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" \
             ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
@@ -69,7 +73,7 @@ for stage in $STAGES; do
     bdprobe)  # its error against unquantized attention beside plain min-max, and its cache read back
         timeout 420 python3 scripts/bitdecoding_probe.py --json "$W/bitdecoding_probe.json" 2>&1 | grep -v '^{' \
             | tee -a "$LOG" ;;
-    *) echo "unknown stage $stage (tests lab profile paper alu full ceiling nvfp4 bdbuild bdprobe)" | tee -a "$LOG" ;;
+    *) echo "unknown stage $stage (tests lab profile accuracy paper alu full ceiling nvfp4 bdbuild bdprobe)" | tee -a "$LOG" ;;
     esac
     pack
 done

@@ -2,7 +2,7 @@
 measure each through the harness's own path, the one `foscar-bench sweep` takes.
 
   PYTHONPATH=. python scripts/kernel_lab.py \
-      --variant v4= --variant cp=FOSCAR_BULK=0 --variant w12=FOSCAR_WARPS_INT2=12 \
+      --variant v7= --variant c2=FOSCAR_CTAS_INT4=2 --variant s6=FOSCAR_STAGES_INT4=6 \
       --configs 4ct,2ct --json $OUT/lab.json
 
 A variant is NAME=KNOB[,KNOB...] where each KNOB is FOSCAR_NAME=VALUE (foscar_decode.cuh).

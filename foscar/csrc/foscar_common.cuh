@@ -28,9 +28,8 @@ __host__ __device__ __forceinline__ uint32_t and_or(uint32_t w, uint32_t bias) {
 
 constexpr uint32_t kPair = 0x00010001u;           // a 16-bit pattern in both halves
 constexpr uint32_t kF16Bias2 = 0x64006400u;       // fp16 1024.0 twice: 0x6400 | c = 1024 + c, c < 1024
-constexpr uint32_t kBf16Bias2 = 0x43004300u;      // bf16 128.0 twice: 0x4300 | c = 128 + c, c < 128
 constexpr float kKBias = 1024.0f;                 // K operands are fp16 1024 + f c
-constexpr float kVBias = 128.0f;                  // V operands are bf16 128 + f c
+constexpr float kVBias = 1024.0f;                 // V operands are fp16 1024 + f c
 
 // K, fp16 (10 mantissa bits), one shift per word serves every position:
 //   INT4: positions 0, 1 in place (bits 0-3, 4-7: f = 1, 16); 2, 3 from w >> 8 (f = 1, 16).
@@ -53,20 +52,24 @@ __host__ __device__ __forceinline__ uint32_t inject_k(uint32_t w) {
   return and_or<mask>(w >> k_shift<BITS>(K), kF16Bias2);
 }
 
-// V, bf16 (7 mantissa bits), every code read at an even factor (bit 1 or above; chosen when the
-// kernels centred V, docs/FORMAT.md):
-//   INT4: position 0 from w << 1 (an IMAD, the FMA pipe), 1-3 from w >> 3, 7, 11; all at bits
-//   1-4 (f = 2).
-//   INT2: position 0 from w << 3 and 1, 2 from w << 1 (f = 8, 8, 32); 3-5 from w >> 5
-//   (f = 2, 8, 32); 6, 7 from w >> 11 (f = 2, 8). The two positions of one channel block share a
-//   factor: blocks (3, 6), (0, 1), (4, 7), (2, 5) have f = 2, 8, 8, 32 (docs/FORMAT.md).
+// V, fp16 1024 + f c as K (the B operand P or P~ is fp16 too), every code read at f >= 16: each
+// product is cut toward zero relative to its largest term, so what the output keeps of a code
+// is set by bias : f, and 1024 : 1 (a code read in place at bits 0-3) loses 16x more than
+// 1024 : 16 (docs/PERFORMANCE.md, v7).
+//   INT4: position 0 from w << 4, 1 in place, 2 from w >> 4, 3 from w >> 8: all at bits 4-7
+//   (f = 16; 3 shifts and 4 LOP3 per 8 codes).
+//   INT2: position 0 from w << 4, 1 from w << 2, 2-4 in place, 5-7 from w >> 6 (f = 16, 16, 16,
+//   64, 256, 16, 64, 256), so that the two positions of each channel block share a factor:
+//   blocks 0-3 (positions (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 16, 256, 16 (3 shifts and
+//   8 LOP3 per 16 codes).
 template <int BITS>
 __host__ __device__ constexpr int v_shift(int k) {  // > 0: right shift, < 0: left shift
-  return BITS == 4 ? 4 * k - 1 : (k == 0 ? -3 : (k < 3 ? -1 : (k < 6 ? 5 : 11)));
+  return BITS == 4 ? (k == 0 ? -4 : k == 1 ? 0 : k == 2 ? 4 : 8)
+                   : (k == 0 ? -4 : k == 1 ? -2 : (k < 5 ? 0 : 6));
 }
 template <int BITS>
 __host__ __device__ constexpr int v_lsb(int k) {
-  return BITS == 4 ? 1 : (k == 0 ? 3 : 2 * (k < 3 ? k : (k < 6 ? k - 3 : k - 6)) + 1);
+  return BITS == 4 ? 4 : (k < 2 ? 4 : (k < 5 ? 2 * k : 2 * k - 6));
 }
 template <int BITS>
 __host__ __device__ constexpr float v_radix(int k) {
@@ -76,33 +79,6 @@ template <int BITS, int K>
 __host__ __device__ __forceinline__ uint32_t inject_v(uint32_t w) {
   constexpr int s = v_shift<BITS>(K);
   constexpr uint32_t mask = (((1u << BITS) - 1u) << v_lsb<BITS>(K)) * kPair;
-  const uint32_t x = s < 0 ? w * (1u << (s < 0 ? -s : 0)) : w >> (s > 0 ? s : 0);
-  return and_or<mask>(x, kBf16Bias2);
-}
-// V as fp16 operands 1024 + f c (the per-warp consumer, whose B operand P or P~ is fp16 too),
-// from the same words as inject_v, so with the same storage layout. Every code is read at
-// f >= 16: each product is cut toward zero relative to its largest term, so what the output
-// keeps of a code is set by bias : f, and 1024 : 1 (a code read in place at bits 0-3) loses 16x
-// more than v5's bf16 128 : 2 (docs/PERFORMANCE.md, v7).
-//   INT4: position 0 from w << 4, 1 in place, 2 from w >> 4, 3 from w >> 8: all at bits 4-7
-//   (f = 16; 3 shifts and 4 LOP3 per 8 codes).
-//   INT2: position 0 from w << 4, 1 from w << 2, 2-4 in place, 5-7 from w >> 6 (f = 16, 16, 16,
-//   64, 256, 16, 64, 256), so that the two positions of each channel block share a factor:
-//   blocks 0-3 (positions (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 16, 256, 16 (3 shifts and
-//   8 LOP3 per 16 codes).
-template <int BITS>
-__host__ __device__ constexpr int v16_shift(int k) {  // > 0: right shift, < 0: left shift
-  return BITS == 4 ? (k == 0 ? -4 : k == 1 ? 0 : k == 2 ? 4 : 8)
-                   : (k == 0 ? -4 : k == 1 ? -2 : (k < 5 ? 0 : 6));
-}
-template <int BITS>
-__host__ __device__ constexpr int v16_lsb(int k) {
-  return BITS == 4 ? 4 : (k < 2 ? 4 : (k < 5 ? 2 * k : 2 * k - 6));
-}
-template <int BITS, int K>
-__host__ __device__ __forceinline__ uint32_t inject_v16(uint32_t w) {
-  constexpr int s = v16_shift<BITS>(K);
-  constexpr uint32_t mask = (((1u << BITS) - 1u) << v16_lsb<BITS>(K)) * kPair;
   const uint32_t x = s < 0 ? w << (s < 0 ? -s : 0) : w >> (s > 0 ? s : 0);
   return and_or<mask>(x, kF16Bias2);
 }

@@ -1,5 +1,5 @@
 """The kernels' mantissa injection, compiled from the CUDA header for the host with nvcc: every
-position of both halves must read as bias + f * code (K: fp16 1024, V: bf16 128; docs/FORMAT.md),
+position of both halves must read as fp16 1024 + f * code (K and V; docs/FORMAT.md),
 and the kernels' schedule must be foscar/packing.py's, position by position."""
 from __future__ import annotations
 

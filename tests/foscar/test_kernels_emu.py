@@ -23,14 +23,6 @@ from foscar.reference import attention_f64
 TOLERANCE = 4e-3  # relative L2 vs float64 over the same dequantized cache: bf16 rounding level
 MODES = [("token", "token"), ("token", "channel"), ("channel", "token"), ("channel", "channel")]
 RNG = random.Random(0)
-# The two consumers: the warpgroup's (default) and the per-warp one of the lab's v7 candidate,
-# also with the self-fed ring (no producer warpgroup); where token-wise V's products are summed,
-# also the per-warp consumer's chained form.
-WARP_FED = ("-DFOSCAR_WARP_PV=1", "-DFOSCAR_SELF_FEED=1")
-CONSUMERS = pytest.mark.parametrize("consumer", [(), ("-DFOSCAR_WARP_PV=1",), WARP_FED], ids=["wg", "warp", "warp-fed"])
-CONSUMERS_CHAIN = pytest.mark.parametrize(
-    "consumer", [(), ("-DFOSCAR_WARP_PV=1",), WARP_FED, ("-DFOSCAR_WARP_PV=1", "-DFOSCAR_PV_CHAIN=1")],
-    ids=["wg", "warp", "warp-fed", "warp-chain"])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -84,30 +76,27 @@ def _error(q, cache, lens, **kwargs):
 @pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("k_mode,v_mode", MODES)
-@CONSUMERS_CHAIN
-def test_fold_matches_reference(bits, group, k_mode, v_mode, consumer):
+def test_fold_matches_reference(bits, group, k_mode, v_mode):
     seed, config, lens, hkv, ratio = _case(bits, group, k_mode, v_mode)
     q, cache = _data(config, lens, hkv, ratio, seed)
-    err = _error(q, cache, lens, defines=consumer)
+    err = _error(q, cache, lens)
     assert err <= TOLERANCE, f"seed={seed} lens={lens} hkv={hkv} ratio={ratio} page={config.page_size}: {err:.2e}"
 
 
 @pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize("k_mode,v_mode", MODES)
-@CONSUMERS_CHAIN
-def test_forced_splits_and_many_sequences(bits, k_mode, v_mode, consumer):
+def test_forced_splits_and_many_sequences(bits, k_mode, v_mode):
     # Many sequences over few persistent CTAs, every split count the merge must combine.
     seed, config, lens, hkv, ratio = _case(bits, 128, k_mode, v_mode, batch=9, ratio=4, max_len=700)
     q, cache = _data(config, lens, hkv, ratio, seed)
     for splits in (1, 2, 3):
-        err = _error(q, cache, lens, num_splits=splits, defines=consumer)
+        err = _error(q, cache, lens, num_splits=splits)
         assert err <= TOLERANCE, f"seed={seed} lens={lens} splits={splits}: {err:.2e}"
 
 
 @pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize("k_mode,v_mode", [("channel", "token"), ("token", "channel")])
-@CONSUMERS_CHAIN
-def test_long_context_flushes_and_late_maxima(bits, k_mode, v_mode, consumer):
+def test_long_context_flushes_and_late_maxima(bits, k_mode, v_mode):
     # One split over 5000 tokens: the consumer runs past several folds of its accumulator into
     # the output, and keys that grow along the sequence keep raising the running maximum (past
     # the lazy threshold) after them.
@@ -120,23 +109,21 @@ def test_long_context_flushes_and_late_maxima(bits, k_mode, v_mode, consumer):
     q = torch.randn(2, 4, 128, generator=gen).to(torch.bfloat16)
     cache = foscar.quantize(k.to(torch.bfloat16), v.to(torch.bfloat16), lens, config, shuffle_pages=True, seed=seed)
     for splits in (1, None):
-        err = _error(q, cache, lens, num_splits=splits, defines=consumer)
+        err = _error(q, cache, lens, num_splits=splits)
         assert err <= TOLERANCE, f"seed={seed} splits={splits}: {err:.2e}"
 
 
 @pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize("group", [32, 128])
-@CONSUMERS
-def test_dequant_ablation_matches_reference(bits, group, consumer):
+def test_dequant_ablation_matches_reference(bits, group):
     seed, config, lens, hkv, ratio = _case(bits, group, "channel", "token")
     q, cache = _data(config, lens, hkv, ratio, seed)
-    err = _error(q, cache, lens, variant="dequant", defines=consumer)
+    err = _error(q, cache, lens, variant="dequant")
     assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
 
 
 @pytest.mark.parametrize("k_mode,v_mode", MODES)
-@CONSUMERS
-def test_constant_groups_fold_to_their_offset(k_mode, v_mode, consumer):
+def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
     # A constant group stores scale 0; the fold's stand-in scale must give back the offset.
     config = QuantConfig(bits=4, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
     seed = RNG.randrange(1 << 30)
@@ -150,14 +137,13 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode, consumer):
     q = torch.randn(1, 4, 128, generator=gen).to(torch.bfloat16)
     cache = foscar.quantize(k, v, [300], config)
     assert (cache.k_params[..., 0] == 0).any() and (cache.v_params[..., 0] == 0).any()
-    err = _error(q, cache, [300], defines=consumer)
+    err = _error(q, cache, [300])
     assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
 
 
 @pytest.mark.parametrize("knobs", [
     ("-DFOSCAR_STAGES_INT4=2", "-DFOSCAR_STAGES_INT2=2"),
     ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6"),
-    (*WARP_FED, "-DFOSCAR_STAGES_INT4=3", "-DFOSCAR_STAGES_INT2=3"),  # the feeder's shallowest ring
 ])
 def test_build_knobs_compute_the_same_function(knobs):
     # The lab's variants (ring depth: a ring of 2 stages makes the producer wait on every chunk;

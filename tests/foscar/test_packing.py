@@ -110,9 +110,9 @@ def test_every_v_position_follows_the_formula(bits):
 def test_radix_factors():
     assert packing.radix_factors(4, "k") == [1, 16, 1, 16]
     assert packing.radix_factors(2, "k") == [1, 4, 16, 64, 256, 1, 4, 16]
-    assert packing.radix_factors(4, "v") == [2, 2, 2, 2]
-    assert packing.radix_factors(2, "v") == [8, 8, 32, 2, 8, 32, 2, 8]
-    assert packing.extraction_schedule(4, "v") == tuple((4 * k - 1, 0x001E001E) for k in range(4))
+    assert packing.radix_factors(4, "v") == [16, 16, 16, 16]
+    assert packing.radix_factors(2, "v") == [16, 16, 16, 64, 256, 16, 64, 256]
+    assert packing.extraction_schedule(4, "v") == ((-4, 0x00F000F0), (0, 0x00F000F0), (4, 0x00F000F0), (8, 0x00F000F0))
     assert packing.extraction_schedule(4, "k") == ((0, 0x000F000F), (0, 0x00F000F0), (8, 0x000F000F), (8, 0x00F000F0))
 
 
@@ -120,14 +120,14 @@ def test_radix_factors():
 @pytest.mark.parametrize("bits", WIDTHS)
 def test_channel_radix(bits, head_dim):
     """K: channel d at position (d // 8) % P, whatever the token. V: channel 32 w + 8 b + g is
-    worth the factor of its block b (INT2: 2, 8, 8, 32; INT4: 2)."""
+    worth the factor of its block b (INT2: 64, 16, 256, 16; INT4: 16)."""
     per_half = 16 // bits
     channels = torch.arange(head_dim)
     assert torch.equal(packing.channel_positions(bits, "k", head_dim), (channels // 8) % per_half)
     factors = torch.tensor(packing.radix_factors(bits, "k"))
     assert torch.equal(packing.channel_radix(bits, "k", head_dim), factors[(channels // 8) % per_half])
     block = (channels % 32) // 8
-    v_factor = torch.tensor([2, 8, 8, 32])[block] if bits == 2 else torch.full((head_dim,), 2, dtype=torch.int64)
+    v_factor = torch.tensor([64, 16, 256, 16])[block] if bits == 2 else torch.full((head_dim,), 16, dtype=torch.int64)
     assert torch.equal(packing.channel_radix(bits, "v", head_dim), v_factor)
 
 
@@ -135,7 +135,7 @@ def test_channel_radix(bits, head_dim):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("bits", WIDTHS)
 def test_extraction_gives_bias_plus_f_times_code(rng, bits, kind, head_dim):
-    """extract() read as two fp16 (K) or bf16 (V) values is bias + f_k * c of the right codes."""
+    """extract() read as two fp16 values is 1024 + f_k * c of the right codes."""
     codes = random_codes(rng, bits, 2, head_dim, kind)
     words = packing.pack_tiles(codes, bits, kind)
     positions = packing.tile_positions(bits, kind, head_dim)

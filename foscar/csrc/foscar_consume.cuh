@@ -1,41 +1,38 @@
-// The per-warp consumer (build knob FOSCAR_WARP_PV=1; docs/PERFORMANCE.md, v6 candidate 0).
+// The consumer warpgroup (foscar_decode.cuh has the producer, the ring, the K side and S).
 //
-// The producer, the ring and S stay as in consume(): the warpgroup's wgmma computes each warp's
-// 16 tokens x 8 heads of S. From there every warp works alone, as v4 did: its own online softmax
-// over its own tokens, its P kept in registers (the S accumulator turned into the B fragments of
-// P^T by two 8 x 8 transposes, movmatrix), and its own O^T over all 128 channels by mma.sync on
-// the A operands of its k-step of the staged V block. No named barrier per chunk (the channel-wise
-// Q~ rebuild keeps its one per token group); the warps meet at the item's end, where their
-// (m, l, O) are merged through shared memory. S of chunk c + 1 is issued on wgmma before chunk c's
-// PV runs on mma.sync, so the two overlap.
+// The warpgroup's wgmma computes each warp's 16 tokens x 8 heads of S. From there every warp
+// works alone: its own online softmax over its own tokens, its P kept in registers (the S
+// accumulator turned into the B fragments of P^T by two 8 x 8 transposes, movmatrix), and its own
+// O^T over all 128 channels by mma.sync on the A operands of its k-step of the staged V block.
+// No named barrier per chunk (the channel-wise Q~ rebuild keeps its one per token group); the
+// warps meet at the item's end, where their (m, l, O) are merged through shared memory. S of
+// chunk c + 1 is issued on wgmma before chunk c's PV runs on mma.sync, so the two overlap.
 //
-// Every PV product of a chunk is one k-step started from zero and folded into the fp32 output at
-// once: the Tensor Cores' cut toward zero never accumulates (foscar/precision.py).
-//
-// The S side (SStream) is consume()'s; while the lab compares the two consumers
-// (docs/PERFORMANCE.md), the one that loses is deleted with its V policies.
+// Every PV product is one k-step (16 tokens) from zero, folded into the fp32 output at once, and
+// the V operands are fp16 1024 + f c with every code at f >= 16 (inject_v): the Tensor Cores'
+// cut toward zero never accumulates, and it is small against the signal (foscar/precision.py,
+// docs/PERFORMANCE.md "v7").
 #pragma once
 
 namespace foscar {
 
-// V operands here are fp16 1024 + f c (inject_v16) and P / P~ fp16: the probabilities stay at
-// or below 1 (WarpSoftmax rescales on any new maximum), so p~ = p s cannot overflow for any fp16
+// V operands are fp16 1024 + f c (inject_v) and P / P~ fp16: the probabilities stay at or
+// below 1 (WarpSoftmax rescales on any new maximum), so p~ = p s cannot overflow for any fp16
 // scale s.
-constexpr float kVBias16 = 1024.0f;
 
 
-// Radix factor of channel block b (0..3) of a 32-channel slice of the V block: where inject_v16
+// Radix factor of channel block b (0..3) of a 32-channel slice of the V block: where inject_v
 // puts the block's code (INT4 position b; INT2 its first position, which shares its factor).
 template <int BITS>
-__host__ __device__ __forceinline__ constexpr float v16_block_radix(int b) {
-  return static_cast<float>(1 << v16_lsb<BITS>(BITS == 4 ? b : v2_position(b, 0)));
+__host__ __device__ __forceinline__ constexpr float v_block_radix(int b) {
+  return static_cast<float>(1 << v_lsb<BITS>(BITS == 4 ? b : v2_position(b, 0)));
 }
 // A warp's output tile j (0..7): channels 16 j + g (e < 2) and 16 j + g + 8 (e >= 2), heads
 // 2t + (e & 1). Tile j is m16 tile i = j % 2 of the 32-channel slice j / 2 of the V block, its
 // rows g / g + 8 channel blocks 2i / 2i + 1.
 template <int BITS>
 __device__ __forceinline__ constexpr float warp_tile_radix(int j, int hf) {
-  return v16_block_radix<BITS>(2 * (j % 2) + hf);
+  return v_block_radix<BITS>(2 * (j % 2) + hf);
 }
 
 // The A operands of slice sl's two tiles for k-step kt (this warp's 16 tokens) of a staged V block.
@@ -46,16 +43,16 @@ __device__ __forceinline__ void v_operands_kstep(const uint8_t* block, int sl, i
   if constexpr (BITS == 4) {  // words 2kt (tokens 2t, 2t+1) and 2kt + 1 (+8): one 8-byte load
     const int i = 2 * kt;
     const uint2 x = *reinterpret_cast<const uint2*>(base + ((i / 4) * 128 + lane * 4 + i % 4) * 4);
-    a[0][0] = inject_v16<4, 0>(x.x), a[0][1] = inject_v16<4, 1>(x.x);
-    a[0][2] = inject_v16<4, 0>(x.y), a[0][3] = inject_v16<4, 1>(x.y);
-    a[1][0] = inject_v16<4, 2>(x.x), a[1][1] = inject_v16<4, 3>(x.x);
-    a[1][2] = inject_v16<4, 2>(x.y), a[1][3] = inject_v16<4, 3>(x.y);
+    a[0][0] = inject_v<4, 0>(x.x), a[0][1] = inject_v<4, 1>(x.x);
+    a[0][2] = inject_v<4, 0>(x.y), a[0][3] = inject_v<4, 1>(x.y);
+    a[1][0] = inject_v<4, 2>(x.x), a[1][1] = inject_v<4, 3>(x.x);
+    a[1][2] = inject_v<4, 2>(x.y), a[1][3] = inject_v<4, 3>(x.y);
   } else {
     const uint32_t x = *reinterpret_cast<const uint32_t*>(base + (lane * 4 + kt) * 4);
-    a[0][0] = inject_v16<2, v2_position(0, 0)>(x), a[0][1] = inject_v16<2, v2_position(1, 0)>(x);
-    a[0][2] = inject_v16<2, v2_position(0, 1)>(x), a[0][3] = inject_v16<2, v2_position(1, 1)>(x);
-    a[1][0] = inject_v16<2, v2_position(2, 0)>(x), a[1][1] = inject_v16<2, v2_position(3, 0)>(x);
-    a[1][2] = inject_v16<2, v2_position(2, 1)>(x), a[1][3] = inject_v16<2, v2_position(3, 1)>(x);
+    a[0][0] = inject_v<2, v2_position(0, 0)>(x), a[0][1] = inject_v<2, v2_position(1, 0)>(x);
+    a[0][2] = inject_v<2, v2_position(0, 1)>(x), a[0][3] = inject_v<2, v2_position(1, 1)>(x);
+    a[1][0] = inject_v<2, v2_position(2, 0)>(x), a[1][1] = inject_v<2, v2_position(3, 0)>(x);
+    a[1][2] = inject_v<2, v2_position(2, 1)>(x), a[1][3] = inject_v<2, v2_position(3, 1)>(x);
   }
 }
 
@@ -126,50 +123,25 @@ struct WarpOut {
   }
 };
 
-// V sides of the per-warp consumer: pv() attends the warp's 16 tokens of a chunk over all 128
-// channels; finish() adds what was summed apart (before the warps are merged).
-#ifndef FOSCAR_PV_CHAIN
-#define FOSCAR_PV_CHAIN 0
-#endif
-
+// V sides: pv() attends the warp's 16 tokens of a chunk over all 128 channels; finish() adds
+// what was summed apart (before the warps are merged).
 template <class T>
-struct VWarpToken : WarpOut {
-  // Token-wise V, operand fold: P~ = p s_{t,gv} (fp16) per channel group; the offsets
-  // sum p~ z / s per (group, head) are summed apart and added at the end. Two ways to sum the
-  // products, compared in the lab (docs/PERFORMANCE.md, v7):
-  //  - fold (default): each tile's product, one k-step from zero, folded at once as raw / f; the
-  //    bias 1024 sum p~ leaves at the end as 1024 / f * pbar.
-  //  - chain (FOSCAR_PV_CHAIN=1): the products go straight into out (in units of f) over the
-  //    item; the bias is summed on the Tensor Cores too (A = 1024 against the same P~) and
-  //    leaves out every kBiasEvery chunks. With codes at f = 1 this measured 9.6e-3 at 128K; at
-  //    f >= 16 the model gives 1.9e-3 (precision.v7).
+struct VFoldToken : WarpOut {
+  // Token-wise V, operand fold: P~ = p s_{t,gv} (fp16) per channel group. Each tile's product,
+  // one k-step from zero, is folded at once as raw / f; the offsets sum p~ z / s and the bias
+  // 1024 sum p~ are summed apart per (group, head) and leave at the end. (Chaining the products
+  // over the item, the bias taken out every few chunks, is within the model's bound at f >= 16
+  // but measured no faster: docs/PERFORMANCE.md.)
   static constexpr int kGroups = T::kGroupsD;
-  static constexpr bool kChain = FOSCAR_PV_CHAIN != 0;
-  static constexpr int kBiasEvery = 4;
   float off[kGroups][2];   // this thread's partial offsets per (group, head)
-  float pbar[kGroups][2];  // fold: this thread's partial sums of p~ per (group, head)
-  float bias[kGroups][4];  // chain: 1024 sum p~ per group since it last left, in out's layout
-  int steps;               // chain: chunks since the bias last left
+  float pbar[kGroups][2];  // this thread's partial sums of p~ per (group, head)
 
   __device__ __forceinline__ void reset() {
     reset_out();
-    steps = 0;
 #pragma unroll
-    for (int gv = 0; gv < kGroups; ++gv) {
-      off[gv][0] = off[gv][1] = pbar[gv][0] = pbar[gv][1] = 0.f;
-      bias[gv][0] = bias[gv][1] = bias[gv][2] = bias[gv][3] = 0.f;
-    }
+    for (int gv = 0; gv < kGroups; ++gv) off[gv][0] = off[gv][1] = pbar[gv][0] = pbar[gv][1] = 0.f;
   }
   __host__ __device__ static constexpr int group_of(int j) { return 16 * j / T::G; }
-  __device__ __forceinline__ void remove_bias() {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[j][e] -= bias[group_of(j)][e];
-#pragma unroll
-    for (int gv = 0; gv < kGroups; ++gv) bias[gv][0] = bias[gv][1] = bias[gv][2] = bias[gv][3] = 0.f;
-    steps = 0;
-  }
   __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par, bool,
                                      const float (&pr)[4]) {
     uint32_t b[kGroups][2];
@@ -188,10 +160,9 @@ struct VWarpToken : WarpOut {
         ph[e] = f16_bits(pr[e] * sc[e >> 1]);
         const float pt = f16_value(ph[e]);
         off[gv][e & 1] = fmaf(pt, zs[e >> 1], off[gv][e & 1]);
-        if constexpr (!kChain) pbar[gv][e & 1] += pt;
+        pbar[gv][e & 1] += pt;
       }
       p_fragments(ph, b[gv]);
-      if constexpr (kChain) mma_f16_16816(bias[gv], kF16Bias2, kF16Bias2, kF16Bias2, kF16Bias2, b[gv][0], b[gv][1]);
     }
 #pragma unroll
     for (int sl = 0; sl < 4; ++sl) {
@@ -200,51 +171,37 @@ struct VWarpToken : WarpOut {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int j = 2 * sl + i;
-        if constexpr (kChain) {
-          pv_tile(out[j], a[i], b[group_of(j)]);
-        } else {
-          float raw[4];
-          pv_tile_fresh(raw, a[i], b[group_of(j)]);
+        float raw[4];
+        pv_tile_fresh(raw, a[i], b[group_of(j)]);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) out[j][e] = fmaf(raw[e], 1.f / warp_tile_radix<T::BITS>(j, e >> 1), out[j][e]);
-        }
+        for (int e = 0; e < 4; ++e) out[j][e] = fmaf(raw[e], 1.f / warp_tile_radix<T::BITS>(j, e >> 1), out[j][e]);
       }
-    }
-    if constexpr (kChain) {
-      if (++steps == kBiasEvery) remove_bias();
     }
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
     rescale_out(alpha);
 #pragma unroll
-    for (int gv = 0; gv < kGroups; ++gv) {
+    for (int gv = 0; gv < kGroups; ++gv)
       off[gv][0] *= alpha[0], off[gv][1] *= alpha[1], pbar[gv][0] *= alpha[0], pbar[gv][1] *= alpha[1];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) bias[gv][e] *= alpha[e & 1];
-    }
   }
   __device__ __forceinline__ void add_real(int j, const float (&raw)[4]) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      out[j][e] = kChain ? fmaf(raw[e], warp_tile_radix<T::BITS>(j, e >> 1), out[j][e]) : out[j][e] + raw[e];
+    for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
   }
-  // The warp's offsets (and, folding, its bias), summed over its tokens, into every channel of
-  // their group; chaining, the last bias leaves and out / f first.
+  // The warp's offsets and bias, summed over its tokens, into every channel of their group.
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {
-    if constexpr (kChain) remove_bias();
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const float total = sum_rows(off[gv][hh]), pb = kChain ? 0.f : sum_rows(pbar[gv][hh]);
+        const float total = sum_rows(off[gv][hh]), pb = sum_rows(pbar[gv][hh]);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           if (group_of(j) != gv) continue;
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
-            const float f = warp_tile_radix<T::BITS>(j, hf);
             float& o = out[j][hh + 2 * hf];
-            o = kChain ? fmaf(o, 1.f / f, total) : o + fmaf(-kVBias16 / f, pb, total);
+            o += fmaf(-kVBias / warp_tile_radix<T::BITS>(j, hf), pb, total);
           }
         }
       }
@@ -252,7 +209,7 @@ struct VWarpToken : WarpOut {
 };
 
 template <class T>
-struct VWarpChannel : WarpOut {
+struct VFoldChannel : WarpOut {
   // Channel-wise V, accumulator fold: B = p (fp16); each tile's product, from zero, folded with
   // its group's s / f per channel; when the warp's token group closes, (z - 1024 s / f) times
   // the warp's own p-sum (its O holds its own tokens only, so no exchange between warps).
@@ -296,7 +253,7 @@ struct VWarpChannel : WarpOut {
           for (int hh = 0; hh < 2; ++hh) {
             float& o = out[j][2 * hf + hh];
             o = fmaf(sf, raw[2 * hf + hh], o);
-            if (group_ends) o = fmaf(fmaf(-kVBias16, sf, sz.y), total[hh], o);
+            if (group_ends) o = fmaf(fmaf(-kVBias, sf, sz.y), total[hh], o);
           }
         }
       }
@@ -314,7 +271,7 @@ struct VWarpChannel : WarpOut {
 };
 
 template <class T>
-struct VWarpDequant : WarpOut {
+struct VDequant : WarpOut {
   // The ablation: every element of the warp's A operands turned into s c + z (fp16) before the
   // product; B = p (fp16).
   static constexpr int kGroups = T::kGroupsD;
@@ -353,7 +310,7 @@ struct VWarpDequant : WarpOut {
           const float2 v = unpack_f16x2(a[i][r]);
           const float2 sz0 = tsz[gv][r >> 1][0], sz1 = tsz[gv][r >> 1][1];
           const float s0 = sz0.x / f, s1 = sz1.x / f;
-          a[i][r] = pack_f16x2(fmaf(v.x, s0, sz0.y - kVBias16 * s0), fmaf(v.y, s1, sz1.y - kVBias16 * s1));
+          a[i][r] = pack_f16x2(fmaf(v.x, s0, sz0.y - kVBias * s0), fmaf(v.y, s1, sz1.y - kVBias * s1));
         }
         pv_tile(out[j], a[i], b);
       }
@@ -369,14 +326,18 @@ struct VWarpDequant : WarpOut {
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
 };
 
+// Policies per (K mode, V mode, ablation).
 template <class T>
-using VWarpSideOf = typename std::conditional<
-    T::DEQ, VWarpDequant<T>, typename std::conditional<T::VCH, VWarpChannel<T>, VWarpToken<T>>::type>::type;
+using KSideOf = typename std::conditional<T::DEQ, KDequant<T>,
+                                          typename std::conditional<T::KCH, KFoldChannel<T>, KFoldToken<T>>::type>::type;
+template <class T>
+using VSideOf = typename std::conditional<T::DEQ, VDequant<T>,
+                                          typename std::conditional<T::VCH, VFoldChannel<T>, VFoldToken<T>>::type>::type;
 
 // The BF16 tail (channel-wise caches), split 0, per warp: 16 tokens of each 64-token piece on
 // mma.sync, bf16 operands straight from global memory, the warp's own softmax and output.
 template <class T, class VSide>
-__device__ void consume_tail_warp(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+__device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
                                   WarpSoftmax& sm, VSide& vs) {
   const size_t base = ((size_t)w.b * p.num_kv_heads + w.h) * T::G * kD;
   const __nv_bfloat16* kt_rows = p.k_tail + base;
@@ -428,13 +389,13 @@ __device__ void consume_tail_warp(const DecodeParams& p, SharedStorage<T>& s, co
 // The end of an item: each warp's (m, l, O) merged through shared memory, then the output or
 // this split's partials (and the merge of all splits by the last to arrive).
 template <class T, class VSide>
-__device__ void finish_item_warp(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+__device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
                                  const WarpSoftmax& sm, VSide& vs) {
   vs.finish(s, L);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const float l = sum_rows(sm.l[hh]);
-    if (L.g == 0) s.red[L.warp][2 * L.t + hh][0] = sm.m[hh], s.red[L.warp][2 * L.t + hh][2] = l;
+    if (L.g == 0) s.red[L.warp][2 * L.t + hh][0] = sm.m[hh], s.red[L.warp][2 * L.t + hh][1] = l;
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   // Heads in passes of four (the real ones: ratio is 1, 2, 4 or 8): each warp's output against
@@ -465,7 +426,7 @@ __device__ void finish_item_warp(const DecodeParams& p, SharedStorage<T>& s, con
       for (int ww = 0; ww < 4; ++ww) {
         o += s.merge[ww][hd - h0][c];
         const float m = s.red[ww][hd][0];
-        if (m != kNegInf) l += exp2f(m - mx) * s.red[ww][hd][2];
+        if (m != kNegInf) l += exp2f(m - mx) * s.red[ww][hd][1];
       }
       if (p.num_splits == 1) {
         p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
@@ -483,15 +444,11 @@ __device__ void finish_item_warp(const DecodeParams& p, SharedStorage<T>& s, con
   merge_splits<T>(p, s, L, w);
 }
 
-// The consumer warpgroup with per-warp softmax and PV: the items of this CTA, chunk by chunk.
+// The consumer warpgroup: the items of this CTA, chunk by chunk.
 template <class T, class KSide, class VSide>
-__device__ void consume_warp(const DecodeParams& p, SharedStorage<T>& s) {
-  const Lane L(threadIdx.x - T::kConsumerBase);
+__device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
+  const Lane L(threadIdx.x - 128);
   int it = 0;
-  Feeder<T> feeder{p, s, 0u};
-  if constexpr (T::kSelfFed) {
-    if (L.tid == 0) feeder.start();
-  }
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
     KSide ks;
@@ -532,17 +489,14 @@ __device__ void consume_warp(const DecodeParams& p, SharedStorage<T>& s) {
       vs.pv(s, L, st + T::kCodeBytes, v_par, last || (tok0 + kChunk) % T::G == 0, pr);
       __syncwarp();
       if (L.lane == 0) mbar_arrive(&s.empty[it % T::kStages]);
-      if constexpr (T::kSelfFed) {
-        if (L.tid == 0) feeder.refill();  // into chunk c - 1's stage: every warp is normally done with it
-      }
       wgmma_wait<0>();
       pin_accumulators(ks.acc);
     }
 
     if constexpr (T::kHasTail) {
-      if (w.split == 0 && w.tail_len > 0) consume_tail_warp<T>(p, s, L, w, sm, vs);
+      if (w.split == 0 && w.tail_len > 0) consume_tail<T>(p, s, L, w, sm, vs);
     }
-    finish_item_warp<T>(p, s, L, w, sm, vs);
+    finish_item<T>(p, s, L, w, sm, vs);
   }
 }
 
