@@ -31,6 +31,7 @@ for name in $PROFILE; do
     timeout 240 "$NCU" --clock-control none --nvtx "${ranges[@]}" \
         --section WarpStateStats --section SchedulerStats --section SourceCounters --section Occupancy \
         --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section InstructionStats \
+        --section ComputeWorkloadAnalysis \
         -f -o "/tmp/prof_$name" python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$PCONFIGS" --profile "$name" ${LAB_ARGS:-} \
         > "/tmp/ncu_$name.log" 2>&1 || tail -5 "/tmp/ncu_$name.log"
     "$NCU" --import "/tmp/prof_$name.ncu-rep" --page raw --csv --units base > "$OUT/ncu_raw_$name.csv" 2>/dev/null

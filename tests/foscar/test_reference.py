@@ -104,15 +104,17 @@ def test_folded_batch_129(rng, bits, k_mode, v_mode):
 
 @pytest.mark.parametrize("k_mode, v_mode", MODE_PAIRS)
 def test_rounded_operands_stay_near(rng, k_mode, v_mode):
-    """Rounding the folded operands to bf16 (as the kernels do) moves the output at bf16 level, not more."""
+    """Rounding the folded operands to the kernels' type (fp16 for K and V) moves the output at
+    fp16 level; bf16 would move it more, and still at bf16 level."""
     cfg = QuantConfig(bits=4, group_size=64, k_mode=k_mode, v_mode=v_mode, page_size=64)
     lens = [200, 77]
     q, k, v = draw(rng, 2, 200, 4, 2, 128)
     cache = quantize(k, v, lens, cfg)
     exact = folded_attention_f64(q, cache)
-    bf16 = rel_l2(folded_attention_f64(q, cache, round_operands=True), exact)
+    kernels = rel_l2(folded_attention_f64(q, cache, round_operands=True), exact)
     fp16 = rel_l2(folded_attention_f64(q, cache, round_operands=torch.float16), exact)
-    assert 0 < bf16 < 3e-2 and 0 < fp16 < bf16
+    bf16 = rel_l2(folded_attention_f64(q, cache, round_operands=torch.bfloat16), exact)
+    assert kernels == fp16 and 0 < fp16 < bf16 < 3e-2
 
 
 def test_bad_query_shapes(rng):
