@@ -336,6 +336,7 @@ struct KFoldToken {
     }
   }
   __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&, const uint8_t*, bool) {}
+  __device__ __forceinline__ void publish(SharedStorage<T>&, const Lane&, bool) {}
 
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4]) {
     const uint64_t base = b_tile_desc(smem_u32(s.q_tile[0][0]));
@@ -388,7 +389,8 @@ struct KFoldChannel {
   __device__ __forceinline__ void load_constants(SharedStorage<T>&, const Lane&) {}
   __device__ __forceinline__ int my_group(const Lane& L) const { return kGroups == 1 ? 0 : (16 * L.warp) / T::G; }
 
-  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64).
+  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64); publish()
+  // makes it visible to the warpgroup's wgmma, after the K operands are built.
   __device__ __forceinline__ void begin_chunk(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
                                               const uint8_t* par, bool group_starts) {
     if (!group_starts) return;
@@ -426,6 +428,9 @@ struct KFoldChannel {
       }
     }
     fence_proxy_async_smem();
+  }
+  __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, bool group_starts) {
+    if (!group_starts) return;
     named_barrier(kConsumerBarrier, kConsumerThreads);
     const int gq = my_group(L);
     bias[0] = s.kconst[gq][2 * L.t][0], bias[1] = s.kconst[gq][2 * L.t + 1][0];
@@ -475,6 +480,7 @@ struct KDequant {
   }
   // The K operands are dequantized in place: (x - 1024) / f s + z per element.
   __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&, const uint8_t*, bool) {}
+  __device__ __forceinline__ void publish(SharedStorage<T>&, const Lane&, bool) {}
   __device__ __forceinline__ void dequantize(const Lane& L, const uint8_t* par, uint32_t (&a)[8][4]) const {
     const __half2* row = reinterpret_cast<const __half2*>(par) + ((16 * L.warp) / T::G) * kD;
 #pragma unroll
@@ -586,9 +592,11 @@ struct SStream {
   __device__ __forceinline__ void prepare(int k, int c) {
     const uint8_t* st = stage(k);
     const uint8_t* k_par = st + 2 * T::kCodeBytes;
-    ks.begin_chunk(p, s, L, k_par, c == w.chunk_begin || (c * kChunk) % T::G == 0);
+    const bool group_starts = c == w.chunk_begin || (c * kChunk) % T::G == 0;
+    ks.begin_chunk(p, s, L, k_par, group_starts);
     k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
     if constexpr (T::DEQ) ks.dequantize(L, k_par, a);
+    ks.publish(s, L, group_starts);
   }
   // S of the item's first chunk, completed.
   __device__ __forceinline__ void first() {
