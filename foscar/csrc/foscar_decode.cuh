@@ -372,14 +372,10 @@ struct KFoldChannel {
   float acc[1][4];
   float bias[2], inv[2];  // of this thread's group, heads 2t, 2t+1
 
-  // Warps whose two heads (16 threads each) are both padding (ratio <= 2 w) skip the rebuild:
-  // their rows of Q~ and their constants are zeroed once per item here.
-  __device__ __forceinline__ static bool padding_warp(const DecodeParams& p, const Lane& L) {
-    return 2 * L.warp >= p.ratio;
-  }
+  // Rows of Q~ past the ratio (padding heads) and their constants are zeroed once per item.
   __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
-    if (!padding_warp(p, L)) return;
     const QSlice qs(L.tid);
+    if (qs.n < p.ratio) return;
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
       *reinterpret_cast<uint4*>(s.q_tile[gq][0] + qs.tile_offset()) = make_uint4(0u, 0u, 0u, 0u);
@@ -389,42 +385,43 @@ struct KFoldChannel {
   __device__ __forceinline__ void load_constants(SharedStorage<T>&, const Lane&) {}
   __device__ __forceinline__ int my_group(const Lane& L) const { return kGroups == 1 ? 0 : (16 * L.warp) / T::G; }
 
-  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64); publish()
-  // makes it visible to the warpgroup's wgmma, after the K operands are built.
+  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64): warp w
+  // builds heads w, w + 4 (those below the ratio), lane l channels 4l .. 4l + 3, so the four
+  // warps share the work at 4 query heads per KV head. publish() makes it visible to the
+  // warpgroup's wgmma, after the K operands are built.
   __device__ __forceinline__ void begin_chunk(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
                                               const uint8_t* par, bool group_starts) {
     if (!group_starts) return;
-    const QSlice qs(L.tid);
+    const int d0 = 4 * L.lane;
+    const float f = k_radix<T::BITS>((d0 / 8) % (16 / T::BITS));  // one 8-channel block: one factor
+    for (int n = L.warp; n < p.ratio; n += 4) {
 #pragma unroll
-    for (int gq = 0; gq < kGroups && !padding_warp(p, L); ++gq) {
-      const __half2* row = reinterpret_cast<const __half2*>(par) + gq * kD;
-      float qt[8], sc[8], amax = 0.f;
+      for (int gq = 0; gq < kGroups; ++gq) {
+        const __half2* row = reinterpret_cast<const __half2*>(par) + gq * kD;
+        const float4 q = *reinterpret_cast<const float4*>(&s.q32[n][d0]);
+        const float qv[4] = {q.x, q.y, q.z, q.w};
+        float qt[4], zs[4], amax = 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 sz = __half22float2(row[qs.d0 + j]);
-        sc[j] = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
-        const float f = k_radix<T::BITS>(((qs.d0 + j) / 8) % (16 / T::BITS));
-        qt[j] = s.q32[qs.n][qs.d0 + j] * sc[j] * (p.sm_scale_log2 / f);
-        amax = fmaxf(amax, fabsf(qt[j]));
-      }
-      amax = reduce_lanes<16, true>(amax);
-      const int e = amax > 0.f ? 13 - ilog2f(amax) : 0;
-      const float up = exp2_int(max(min(e, 126), -126));
-      uint32_t h[4];
-      float part = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        h[j / 2] = pack_f16x2(qt[j] * up, qt[j + 1] * up);
-        const float2 r = unpack_f16x2(h[j / 2]);
-        const float f = k_radix<T::BITS>(((qs.d0 + j) / 8) % (16 / T::BITS));
-        const float2 z01 = make_float2(__half22float2(row[qs.d0 + j]).y, __half22float2(row[qs.d0 + j + 1]).y);
-        part = fmaf(r.x, f * z01.x / sc[j] - kKBias, fmaf(r.y, f * z01.y / sc[j + 1] - kKBias, part));
-      }
-      *reinterpret_cast<uint4*>(s.q_tile[gq][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
-      part = reduce_lanes<16, false>(part);
-      if ((L.tid & 15) == 0) {
-        s.kconst[gq][qs.n][0] = part;
-        s.kconst[gq][qs.n][1] = exp2_int(-max(min(e, 126), -126));
+        for (int j = 0; j < 4; ++j) {
+          const float2 sz = __half22float2(row[d0 + j]);
+          const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
+          qt[j] = qv[j] * sc * (p.sm_scale_log2 / f);
+          zs[j] = f * sz.y / sc - kKBias;
+          amax = fmaxf(amax, fabsf(qt[j]));
+        }
+        amax = reduce_lanes<32, true>(amax);
+        const int e = amax > 0.f ? 13 - ilog2f(amax) : 0;
+        const float up = exp2_int(max(min(e, 126), -126));
+        const uint32_t h0 = pack_f16x2(qt[0] * up, qt[1] * up), h1 = pack_f16x2(qt[2] * up, qt[3] * up);
+        const float2 r0 = unpack_f16x2(h0), r1 = unpack_f16x2(h1);
+        float part = fmaf(r0.x, zs[0], fmaf(r0.y, zs[1], fmaf(r1.x, zs[2], r1.y * zs[3])));
+        *reinterpret_cast<uint2*>(s.q_tile[gq][0] + (d0 / 16) * kBTileBytes + b_tile_offset(d0 % 16, n)) =
+            make_uint2(h0, h1);
+        part = reduce_lanes<32, false>(part);
+        if (L.lane == 0) {
+          s.kconst[gq][n][0] = part;
+          s.kconst[gq][n][1] = exp2_int(-max(min(e, 126), -126));
+        }
       }
     }
     fence_proxy_async_smem();
