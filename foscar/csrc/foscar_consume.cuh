@@ -143,7 +143,7 @@ struct VFoldToken : WarpOut {
   }
   __host__ __device__ static constexpr int group_of(int j) { return 16 * j / T::G; }
   __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par, bool,
-                                     bool, const float (&pr)[4]) {
+                                     const float (&pr)[4]) {
     uint32_t b[kGroups][2];
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv) {
@@ -211,27 +211,16 @@ struct VFoldToken : WarpOut {
 template <class T>
 struct VFoldChannel : WarpOut {
   // Channel-wise V, accumulator fold: B = p (fp16); each tile's product, from zero, folded with
-  // its group's s / f per channel (read once per group into registers); when the warp's token
-  // group closes, (z - 1024 s / f) times the warp's own p-sum (its O holds its own tokens only,
-  // so no exchange between warps).
+  // its group's s / f per channel; when the warp's token group closes, (z - 1024 s / f) times
+  // the warp's own p-sum (its O holds its own tokens only, so no exchange between warps).
   float psum[2];
-  float sf[8][2];  // s / f of this lane's channels (tile j, row half hf) in the current group
 
   __device__ __forceinline__ void reset() {
     reset_out();
     psum[0] = psum[1] = 0.f;
   }
   __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par,
-                                     bool group_starts, bool group_ends, const float (&pr)[4]) {
-    // The warp's 16 tokens lie in one token group of the chunk: its (s, z) row.
-    const __half2* row = reinterpret_cast<const __half2*>(par) + ((16 * L.warp) / T::G) * kD;
-    if (group_starts) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          sf[j][hf] = __low2float(row[16 * j + L.g + 8 * hf]) * (1.f / warp_tile_radix<T::BITS>(j, hf));
-    }
+                                     bool group_ends, const float (&pr)[4]) {
     uint16_t ph[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -245,6 +234,8 @@ struct VFoldChannel : WarpOut {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) total[hh] = sum_rows(psum[hh]), psum[hh] = 0.f;
     }
+    // The warp's 16 tokens lie in one token group of the chunk: its (s, z) row.
+    const __half2* row = reinterpret_cast<const __half2*>(par) + ((16 * L.warp) / T::G) * kD;
 #pragma unroll
     for (int sl = 0; sl < 4; ++sl) {
       uint32_t a[2][4];
@@ -256,12 +247,13 @@ struct VFoldChannel : WarpOut {
         pv_tile_fresh(raw, a[i], b);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const float zb = group_ends ? fmaf(-kVBias, sf[j][hf], __high2float(row[16 * j + L.g + 8 * hf])) : 0.f;
+          const float2 sz = __half22float2(row[16 * j + L.g + 8 * hf]);
+          const float sf = sz.x * (1.f / warp_tile_radix<T::BITS>(j, hf));
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             float& o = out[j][2 * hf + hh];
-            o = fmaf(sf[j][hf], raw[2 * hf + hh], o);
-            if (group_ends) o = fmaf(zb, total[hh], o);
+            o = fmaf(sf, raw[2 * hf + hh], o);
+            if (group_ends) o = fmaf(fmaf(-kVBias, sf, sz.y), total[hh], o);
           }
         }
       }
@@ -288,7 +280,7 @@ struct VDequant : WarpOut {
     reset_out();
   }
   __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par, bool,
-                                     bool, const float (&pr)[4]) {
+                                     const float (&pr)[4]) {
     uint16_t ph[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) ph[e] = f16_bits(pr[e]);
@@ -494,8 +486,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       wgmma_commit();
 
       // Chunk c's PV on this warp's mma.sync while S runs.
-      vs.pv(s, L, st + T::kCodeBytes, v_par, c == w.chunk_begin || tok0 % T::G == 0,
-            last || (tok0 + kChunk) % T::G == 0, pr);
+      vs.pv(s, L, st + T::kCodeBytes, v_par, last || (tok0 + kChunk) % T::G == 0, pr);
       __syncwarp();
       if (L.lane == 0) mbar_arrive(&s.empty[it % T::kStages]);
       wgmma_wait<0>();
