@@ -52,7 +52,7 @@ for stage in $STAGES; do
         timeout 300 python3 scripts/accuracy_long.py --bits 2,4 --modes ct,tt,tc,cc --kv-len 4k,32k,128k,256k \
             --batch 1 --json "$W/acc_b1.json" 2>&1 | tail -34 | tee -a "$LOG" ;;
     paper)
-        timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" \
+        timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" ${PAPER_RUN:+--run-id "$PAPER_RUN"} \
             ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
     alu)
         RUN=$(python3 -c "from core.store import ResultStore; print(ResultStore('$W/paper.sqlite', readonly=True).latest_run())")
