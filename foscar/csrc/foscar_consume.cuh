@@ -464,6 +464,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       const uint8_t* v_par = st + 2 * T::kCodeBytes + T::kKParamBytes;
       const int tok0 = c * kChunk;
       const bool last = c == w.chunk_end - 1;
+      if (FOSCAR_EARLY_WAIT && !last) ss.wait(1);  // lab: chunk c + 1's stage before the softmax
 
       // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers.
       float x[4];
@@ -474,10 +475,16 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       sm.probabilities(x, pr);
 
       // S of chunk c + 1 on wgmma (the last chunk's runs on stale operands and is discarded).
+#if FOSCAR_EARLY_WAIT
+      // Unconditional, so that it shares a basic block with the softmax: on the last chunk it
+      // reads a stage that may hold no chunk, and the S it feeds is discarded.
+      ss.prepare(1, c + 1);
+#else
       if (!last) {
         ss.wait(1);
         ss.prepare(1, c + 1);
       }
+#endif
       pin_operands(ss.a);
       zero_accumulators(ks.acc);
       pin_accumulators(ks.acc);

@@ -117,6 +117,11 @@ constexpr float kZeroScaleStandIn = 1.0f;
 #ifndef FOSCAR_STAGES_INT2
 #define FOSCAR_STAGES_INT2 6
 #endif
+// Lab: wait for chunk c + 1's stage at the top of chunk c's trip and build its K operands
+// unconditionally, so that they share a basic block with the softmax (foscar_consume.cuh).
+#ifndef FOSCAR_EARLY_WAIT
+#define FOSCAR_EARLY_WAIT 0
+#endif
 
 template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_>
 struct DecodeTraits {
@@ -590,8 +595,9 @@ struct SStream {
     const uint8_t* st = stage(k);
     const uint8_t* k_par = st + 2 * T::kCodeBytes;
     const bool group_starts = c == w.chunk_begin || (c * kChunk) % T::G == 0;
-    ks.begin_chunk(p, s, L, k_par, group_starts);
+    if (!FOSCAR_EARLY_WAIT) ks.begin_chunk(p, s, L, k_par, group_starts);
     k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
+    if (FOSCAR_EARLY_WAIT) ks.begin_chunk(p, s, L, k_par, group_starts);  // lab: the loads first
     if constexpr (T::DEQ) ks.dequantize(L, k_par, a);
     ks.publish(s, L, group_starts);
   }

@@ -144,6 +144,7 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
 @pytest.mark.parametrize("knobs", [
     ("-DFOSCAR_STAGES_INT4=2", "-DFOSCAR_STAGES_INT2=2"),
     ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6"),
+    ("-DFOSCAR_EARLY_WAIT=1",),  # the K operands of the last chunk built from a stage that may be empty
 ])
 def test_build_knobs_compute_the_same_function(knobs):
     # The lab's variants (ring depth: a ring of 2 stages makes the producer wait on every chunk;
