@@ -153,13 +153,6 @@ def warp_chains(chunks_per_split: int, warps: int = 4) -> ChainPlan:
     return plan
 
 
-def v7_radix(bits: int, dim: int) -> np.ndarray:
-    """v7's fp16 V operands (foscar_common.cuh, inject_v; the layout of packing.py): channel
-    32 w + 8 b + g of a block at factor 16 (INT4) or [64, 16, 256, 16][b] (INT2)."""
-    factors = [16, 16, 16, 16] if bits == 4 else [64, 16, 256, 16]
-    return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
-
-
 V4 = VArithmetic("v4: bf16 128 + f c, flushed every 8 chunks per warp", centred=False, chains=v4_chains(),
                  radix=v4_radix)
 
@@ -328,8 +321,9 @@ CURRENT = V7
 # v7 with token-wise V chained: one accumulator per (split, warp) over the warp's 16 tokens of
 # each chunk, the bias leaving every 4 chunks; channel-wise V folds each 16-token product at once.
 # Its first schedule (v7_first_radix) was wrong on the H200; at f >= 16 the model holds it, and
-# it measured no faster (docs/PERFORMANCE.md), so the kernels do not chain.
-def v7_chained(chunks_per_split: int, radix: Callable[[int, int], np.ndarray] = v7_radix) -> VArithmetic:
+# it measured no faster (docs/PERFORMANCE.md), so the kernels do not chain. radix None: the
+# kernels' f >= 16 schedule (packing.py).
+def v7_chained(chunks_per_split: int, radix: Callable[[int, int], np.ndarray] | None = None) -> VArithmetic:
     return VArithmetic(f"v7: fp16 1024 + f c, one chain per warp and split of {chunks_per_split} chunks, "
                        "bias out every 4", centred=False, chains=warp_chains(chunks_per_split), radix=radix,
                        operand="fp16", bias_every=4, channel_chains=sequential_chains(16))

@@ -56,6 +56,19 @@ __device__ __forceinline__ void v_operands_kstep(const uint8_t* block, int sl, i
   }
 }
 
+// Visits the warp's 8 output tiles j of a staged V block with their A operands (the warp's
+// k-step): f(j, a), a the tile's 4 registers, which f may rewrite.
+template <int BITS, class F>
+__device__ __forceinline__ void for_each_v_tile(const uint8_t* block, const Lane& L, F&& f) {
+#pragma unroll
+  for (int sl = 0; sl < 4; ++sl) {
+    uint32_t a[2][4];
+    v_operands_kstep<BITS>(block, sl, L.warp, L.lane, a);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) f(2 * sl + i, a[i]);
+  }
+}
+
 // The B fragments of P^T (tokens x heads) from probabilities in the S accumulator layout
 // (tokens g, g + 8 x heads 2t, 2t + 1, bf16 bits): each 8 x 8 block transposed.
 __device__ __forceinline__ void p_fragments(const uint16_t (&pb)[4], uint32_t (&b)[2]) {
@@ -164,19 +177,12 @@ struct VFoldToken : WarpOut {
       }
       p_fragments(ph, b[gv]);
     }
+    for_each_v_tile<T::BITS>(block, L, [&](int j, uint32_t (&a)[4]) {
+      float raw[4];
+      pv_tile_fresh(raw, a, b[group_of(j)]);
 #pragma unroll
-    for (int sl = 0; sl < 4; ++sl) {
-      uint32_t a[2][4];
-      v_operands_kstep<T::BITS>(block, sl, L.warp, L.lane, a);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int j = 2 * sl + i;
-        float raw[4];
-        pv_tile_fresh(raw, a[i], b[group_of(j)]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) out[j][e] = fmaf(raw[e], 1.f / warp_tile_radix<T::BITS>(j, e >> 1), out[j][e]);
-      }
-    }
+      for (int e = 0; e < 4; ++e) out[j][e] = fmaf(raw[e], 1.f / warp_tile_radix<T::BITS>(j, e >> 1), out[j][e]);
+    });
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
     rescale_out(alpha);
@@ -236,28 +242,21 @@ struct VFoldChannel : WarpOut {
     }
     // The warp's 16 tokens lie in one token group of the chunk: its (s, z) row.
     const __half2* row = reinterpret_cast<const __half2*>(par) + ((16 * L.warp) / T::G) * kD;
+    for_each_v_tile<T::BITS>(block, L, [&](int j, uint32_t (&a)[4]) {
+      float raw[4];
+      pv_tile_fresh(raw, a, b);
 #pragma unroll
-    for (int sl = 0; sl < 4; ++sl) {
-      uint32_t a[2][4];
-      v_operands_kstep<T::BITS>(block, sl, L.warp, L.lane, a);
+      for (int hf = 0; hf < 2; ++hf) {
+        const float2 sz = __half22float2(row[16 * j + L.g + 8 * hf]);
+        const float sf = sz.x * (1.f / warp_tile_radix<T::BITS>(j, hf));
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int j = 2 * sl + i;
-        float raw[4];
-        pv_tile_fresh(raw, a[i], b);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float2 sz = __half22float2(row[16 * j + L.g + 8 * hf]);
-          const float sf = sz.x * (1.f / warp_tile_radix<T::BITS>(j, hf));
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            float& o = out[j][2 * hf + hh];
-            o = fmaf(sf, raw[2 * hf + hh], o);
-            if (group_ends) o = fmaf(fmaf(-kVBias, sf, sz.y), total[hh], o);
-          }
+        for (int hh = 0; hh < 2; ++hh) {
+          float& o = out[j][2 * hf + hh];
+          o = fmaf(sf, raw[2 * hf + hh], o);
+          if (group_ends) o = fmaf(fmaf(-kVBias, sf, sz.y), total[hh], o);
         }
       }
-    }
+    });
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
     rescale_out(alpha);
@@ -296,25 +295,19 @@ struct VDequant : WarpOut {
         for (int u = 0; u < 2; ++u)
           tsz[gv][o][u] = __half22float2(
               reinterpret_cast<const __half2*>(par)[(16 * L.warp + 2 * L.t + 8 * o + u) * kGroups + gv]);
+    for_each_v_tile<T::BITS>(block, L, [&](int j, uint32_t (&a)[4]) {
+      const int gv = 16 * j / T::G;
 #pragma unroll
-    for (int sl = 0; sl < 4; ++sl) {
-      uint32_t a[2][4];
-      v_operands_kstep<T::BITS>(block, sl, L.warp, L.lane, a);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int j = 2 * sl + i, gv = 16 * j / T::G;
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          // (1024 + f c) s / f + z - 1024 s / f per token of the pair
-          const float f = warp_tile_radix<T::BITS>(j, r & 1);
-          const float2 v = unpack_f16x2(a[i][r]);
-          const float2 sz0 = tsz[gv][r >> 1][0], sz1 = tsz[gv][r >> 1][1];
-          const float s0 = sz0.x / f, s1 = sz1.x / f;
-          a[i][r] = pack_f16x2(fmaf(v.x, s0, sz0.y - kVBias * s0), fmaf(v.y, s1, sz1.y - kVBias * s1));
-        }
-        pv_tile(out[j], a[i], b);
+      for (int r = 0; r < 4; ++r) {
+        // (1024 + f c) s / f + z - 1024 s / f per token of the pair
+        const float f = warp_tile_radix<T::BITS>(j, r & 1);
+        const float2 v = unpack_f16x2(a[r]);
+        const float2 sz0 = tsz[gv][r >> 1][0], sz1 = tsz[gv][r >> 1][1];
+        const float s0 = sz0.x / f, s1 = sz1.x / f;
+        a[r] = pack_f16x2(fmaf(v.x, s0, sz0.y - kVBias * s0), fmaf(v.y, s1, sz1.y - kVBias * s1));
       }
-    }
+      pv_tile(out[j], a, b);
+    });
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
     rescale_out(alpha);

@@ -194,35 +194,8 @@ __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Chunk c (its first token's page given) of KV head h into a stage of the ring: four bulk copies
-// completing on the stage's "full" mbarrier.
-template <class T>
-__device__ __forceinline__ void copy_chunk(const DecodeParams& p, SharedStorage<T>& s, int h, unsigned page, int c,
-                                           int stage) {
-  const int tok = c * kChunk;
-  const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
-  const int tip = tok - lpage * p.page_size;
-  // Pages hold every head: the page, this head's slice, the chunk's first 16-token row.
-  const unsigned long long codes = (unsigned long long)page * p.code_page_bytes + (unsigned)(h * p.code_head_bytes) +
-                                   (unsigned)(tip / 16 * (16 * kD * T::BITS / 8));
-  const unsigned long long params = (unsigned long long)page * p.param_page_bytes + (unsigned)(h * p.param_head_bytes);
-  const unsigned k_par = T::KCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
-  const unsigned v_par = T::VCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
-  uint8_t* st = s.ring[stage];
-  mbar_arrive_expect_tx(&s.full[stage], T::kStageBytes);
-  bulk_copy_g2s(st, p.k_codes + codes, T::kCodeBytes, &s.full[stage]);
-  bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + codes, T::kCodeBytes, &s.full[stage]);
-  bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + params + k_par, T::kKParamBytes, &s.full[stage]);
-  bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kKParamBytes, p.v_params + params + v_par, T::kVParamBytes,
-                &s.full[stage]);
-}
-
-__device__ __forceinline__ unsigned chunk_page(const DecodeParams& p, const int32_t* row, int c) {
-  const int tok = c * kChunk;
-  return static_cast<unsigned>(row[p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size]);
-}
-
-// The producer: one lane streams every chunk of the CTA's items into the ring.
+// The producer: one lane streams every chunk of the CTA's items into the ring, four bulk copies
+// per stage (K codes, V codes, their parameter runs) completing on the stage's "full" mbarrier.
 template <class T>
 __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
   int it = 0;
@@ -232,7 +205,23 @@ __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, ++it) {
       const int stage = it % T::kStages;
       mbar_wait(&s.empty[stage], ((it / T::kStages) & 1) ^ 1);  // the consumers freed it
-      copy_chunk<T>(p, s, w.h, chunk_page(p, row, c), c, stage);
+      const int tok = c * kChunk;
+      const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
+      const unsigned long long page = static_cast<unsigned>(row[lpage]);
+      const int tip = tok - lpage * p.page_size;
+      // Pages hold every head: the page, this head's slice, the chunk's first 16-token row.
+      const unsigned long long codes = page * p.code_page_bytes + (unsigned)(w.h * p.code_head_bytes) +
+                                       (unsigned)(tip / 16 * (16 * kD * T::BITS / 8));
+      const unsigned long long params = page * p.param_page_bytes + (unsigned)(w.h * p.param_head_bytes);
+      const unsigned k_par = T::KCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
+      const unsigned v_par = T::VCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
+      uint8_t* st = s.ring[stage];
+      mbar_arrive_expect_tx(&s.full[stage], T::kStageBytes);
+      bulk_copy_g2s(st, p.k_codes + codes, T::kCodeBytes, &s.full[stage]);
+      bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + codes, T::kCodeBytes, &s.full[stage]);
+      bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + params + k_par, T::kKParamBytes, &s.full[stage]);
+      bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kKParamBytes, p.v_params + params + v_par, T::kVParamBytes,
+                    &s.full[stage]);
     }
   }
 }
