@@ -73,7 +73,7 @@ class BuildResult:
             query = lib.foscar_decode_smem_bytes
         except (OSError, AttributeError):
             return {}
-        query.argtypes = [ctypes.c_int] * 5
+        query.argtypes = [ctypes.c_int] * 6
         query.restype = ctypes.c_int
         out = {}
         for res in self.resources:
@@ -94,16 +94,17 @@ class BuildResult:
         return meta
 
 
-_TEMPLATE = re.compile(r"foscar_decode_kernel<(\d+), (\d+), (true|false), (true|false), (true|false)>")
+_TEMPLATE = re.compile(r"foscar_decode_kernel<(\d+), (\d+), (true|false), (true|false), (true|false), (\d+)>")
 
 
-def decode_template_args(name: str) -> tuple[int, int, int, int, int] | None:
-    """(bits, group_size, k_channel, v_channel, dequant) of a demangled decode kernel name."""
+def decode_template_args(name: str) -> tuple[int, int, int, int, int, int] | None:
+    """(bits, group_size, k_channel, v_channel, dequant, kv_heads_per_item) of a demangled
+    decode kernel name."""
     m = _TEMPLATE.search(name)
     if not m:
         return None
-    bits, group, kch, vch, deq = m.groups()
-    return int(bits), int(group), int(kch == "true"), int(vch == "true"), int(deq == "true")
+    bits, group, kch, vch, deq, heads = m.groups()
+    return int(bits), int(group), int(kch == "true"), int(vch == "true"), int(deq == "true"), int(heads)
 
 
 def find_nvcc() -> str:

@@ -94,7 +94,8 @@ def load(defines: Sequence[str] = ()) -> ctypes.CDLL:
 
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
            out: torch.Tensor | None = None, variant: str = "fold", num_splits: int | None = None,
-           num_sms: int = DEFAULT_NUM_SMS, defines: Sequence[str] = ()) -> torch.Tensor:
+           num_sms: int = DEFAULT_NUM_SMS, defines: Sequence[str] = (),
+           kv_heads_per_item: int | None = None) -> torch.Tensor:
     """foscar.decode's kernels on the CPU: q and the cache are CPU tensors; same result layout.
 
     `num_sms` sets the GPU the split plan is made for; `defines` builds with kernel knobs.
@@ -111,6 +112,8 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
 
     args = kernels.launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
                                num_sms=num_sms, ctas_per_sm=lib.foscar_emu_ctas_per_sm(cache.config.bits),
+                               max_kv_heads_per_item=lib.foscar_emu_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
+                               kv_heads_per_item=kv_heads_per_item,
                                workspace=workspace)
     if lib.foscar_emu_decode(ctypes.byref(args)) != 0:
         raise RuntimeError(f"foscar.emu.decode: {lib.foscar_emu_last_error().decode()}")

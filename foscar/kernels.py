@@ -41,7 +41,7 @@ class _Args(ctypes.Structure):
         ("k_channel", ctypes.c_int32), ("v_channel", ctypes.c_int32), ("dequant", ctypes.c_int32),
         ("page_size", ctypes.c_int32), ("max_pages", ctypes.c_int32),
         ("num_splits", ctypes.c_int32), ("units_per_split", ctypes.c_int32),
-        ("num_ctas", ctypes.c_int32),
+        ("num_ctas", ctypes.c_int32), ("kv_heads_per_item", ctypes.c_int32),
         ("sm_scale", ctypes.c_float), ("device", ctypes.c_int32),
     ]
 
@@ -76,26 +76,46 @@ def bind(lib: ctypes.CDLL, prefix: str) -> ctypes.CDLL:
     ctas = getattr(lib, f"{prefix}_ctas_per_sm")
     ctas.argtypes = [ctypes.c_int]
     ctas.restype = ctypes.c_int
+    heads = getattr(lib, f"{prefix}_kv_heads_per_item")
+    heads.argtypes = [ctypes.c_int, ctypes.c_int]
+    heads.restype = ctypes.c_int
     return lib
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
     """How one decode launch covers the work: splits per (sequence, KV head), 64-token chunks
-    per split, and the persistent CTAs that loop over the batch * KV heads * splits items."""
+    per split, and the persistent CTAs that loop over the items (batch * KV heads / KV heads
+    per item, times the splits)."""
 
     num_splits: int
     chunks_per_split: int
     num_ctas: int
 
 
+# Two KV heads per item (where the library can pair them) from this many (sequence, KV head)
+# rows on: paired trips cost 5-12 % less per head at batch 32 and 128, but an item holds twice
+# the work, so a small batch splits each sequence twice as finely and pays the per-item and merge
+# costs twice: batch 1 at 32K and 128K measured 16-26 % slower paired, batch 8 (64 rows) level
+# at 32K and 2-6 % faster at 128K (docs/PERFORMANCE.md, "Paired heads").
+PAIR_MIN_KV_ROWS = 48
+
+
+def planned_kv_heads_per_item(batch: int, num_kv_heads: int, max_heads: int) -> int:
+    """KV heads per work item for a launch: `max_heads` (the library's foscar_kv_heads_per_item)
+    once batch * num_kv_heads reaches PAIR_MIN_KV_ROWS, else 1."""
+    return max_heads if max_heads > 1 and batch * num_kv_heads >= PAIR_MIN_KV_ROWS else 1
+
+
 def plan_launch(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int,
-                ctas_per_sm: int = CTAS_PER_SM) -> LaunchPlan:
+                ctas_per_sm: int = CTAS_PER_SM, kv_heads_per_item: int = 1) -> LaunchPlan:
     """The plan with the least modelled time: the busiest CTA's items, each its chunks plus a
     fixed cost, plus the merge when a sequence is split (batch 1 splits to fill the GPU; a
-    full batch splits only where that evens out the last round of items)."""
+    full batch splits only where that evens out the last round of items). An item covers
+    `kv_heads_per_item` KV heads (the library's foscar_kv_heads_per_item); its chunk costs
+    about as much as one head's."""
     slots = num_sms * ctas_per_sm
-    base = batch * num_kv_heads
+    base = batch * (num_kv_heads // kv_heads_per_item)
     max_chunks = max(1, max_chunks)
     best = None
     for splits in range(1, min(MAX_SPLITS, max_chunks) + 1):
@@ -184,21 +204,25 @@ def _check_inputs(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor | 
             f"contiguous bfloat16 tensor shaped like q {tuple(q.shape)} on {q.device}.")
 
 
-def launch_plan(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int = CTAS_PER_SM) -> LaunchPlan:
+def launch_plan(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int = CTAS_PER_SM,
+                kv_heads_per_item: int = 1) -> LaunchPlan:
     """The plan decode() uses for this cache (exposed for tests and the harness)."""
     max_packed = int(cache.packed_lens.max().item()) if cache.batch else 0
-    return plan_launch(cache.batch, cache.num_kv_heads, math.ceil(max_packed / CHUNK_TOKENS), num_sms, ctas_per_sm)
+    return plan_launch(cache.batch, cache.num_kv_heads, math.ceil(max_packed / CHUNK_TOKENS), num_sms, ctas_per_sm,
+                       kv_heads_per_item)
 
 
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
            out: torch.Tensor | None = None, variant: str = "fold",
-           num_splits: int | None = None, library: ctypes.CDLL | None = None) -> torch.Tensor:
+           num_splits: int | None = None, library: ctypes.CDLL | None = None,
+           kv_heads_per_item: int | None = None) -> torch.Tensor:
     """One decode step of attention for q [batch, num_q_heads, head_dim] (BF16) over `cache`.
 
     Returns BF16 [batch, num_q_heads, head_dim]. `variant="dequant"` runs the ablation that
     dequantizes every element before the Tensor Cores instead of folding. `num_splits`
     overrides the split-KV plan (for experiments); `library` runs a build from
-    load_library(defines=...) instead of the default one (kernel experiments).
+    load_library(defines=...) instead of the default one (kernel experiments);
+    `kv_heads_per_item` (1 or 2) overrides the planner's pairing of KV heads (tests).
     """
     _check_inputs(q, cache, out, variant)
     lib = library or load_library()
@@ -207,6 +231,8 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     args = launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
                        num_sms=num_sms, ctas_per_sm=lib.foscar_ctas_per_sm(cache.config.bits),
+                       max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
+                       kv_heads_per_item=kv_heads_per_item,
                        workspace=lambda *sizes: _workspace(q.device, *sizes), device=device)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     if lib.foscar_decode(ctypes.byref(args), ctypes.c_void_p(stream)) != 0:
@@ -217,7 +243,8 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
 
 def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, sm_scale: float | None,
                 variant: str, num_splits: int | None, num_sms: int, ctas_per_sm: int,
-                workspace, device: int = 0) -> _Args:
+                workspace, device: int = 0, max_kv_heads_per_item: int = 1,
+                kv_heads_per_item: int | None = None) -> _Args:
     """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
 
     `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the zeroed
@@ -227,7 +254,13 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     cfg = cache.config
     batch, num_q_heads, head_dim = q.shape
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
-    plan = _plan_cached(cache, num_sms, ctas_per_sm)
+    if kv_heads_per_item is None:
+        kv_heads_per_item = planned_kv_heads_per_item(batch, cache.num_kv_heads, max_kv_heads_per_item)
+    elif kv_heads_per_item not in (1, max_kv_heads_per_item):
+        raise ValueError(f"kv_heads_per_item={kv_heads_per_item!r} is not possible for {num_q_heads} query heads "
+                         f"over {cache.num_kv_heads} KV heads with this build; pass 1, "
+                         f"{max_kv_heads_per_item} or None for the planner's choice.")
+    plan = _plan_cached(cache, num_sms, ctas_per_sm, kv_heads_per_item)
     splits, per_split, ctas = plan.num_splits, plan.chunks_per_split, plan.num_ctas
     if num_splits is not None:
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_FORCED_SPLITS:
@@ -236,7 +269,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         max_chunks = splits * per_split
         per_split = math.ceil(max_chunks / num_splits)
         splits = math.ceil(max_chunks / per_split)
-        ctas = min(batch * cache.num_kv_heads * splits, num_sms * ctas_per_sm)
+        ctas = min(batch * (cache.num_kv_heads // kv_heads_per_item) * splits, num_sms * ctas_per_sm)
     ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
                                       batch * cache.num_kv_heads)
     return _Args(
@@ -247,18 +280,18 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         batch, num_q_heads, cache.num_kv_heads, head_dim,
         cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
         int(variant == "dequant"), cfg.page_size, cache.page_table.shape[1],
-        splits, per_split, ctas, scale, device,
+        splits, per_split, ctas, kv_heads_per_item, scale, device,
     )
 
 
-def _plan_cached(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int) -> LaunchPlan:
+def _plan_cached(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int, kv_heads_per_item: int = 1) -> LaunchPlan:
     # The plan reads seq_lens back from the GPU once per cache object, not per step, so a
     # decode step inside a CUDA graph capture never synchronizes. After `append` grows the
     # cache in place the plan may be stale; the kernel's last split takes every remaining
     # unit, so a stale plan costs balance, never correctness.
-    key = ("_foscar_plan", num_sms, ctas_per_sm)
+    key = ("_foscar_plan", num_sms, ctas_per_sm, kv_heads_per_item)
     plan = getattr(cache, "_plan_memo", None)
     if plan is None or plan[0] != key or plan[2] is not cache.seq_lens:
-        plan = (key, launch_plan(cache, num_sms, ctas_per_sm), cache.seq_lens)
+        plan = (key, launch_plan(cache, num_sms, ctas_per_sm, kv_heads_per_item), cache.seq_lens)
         cache._plan_memo = plan
     return plan[1]

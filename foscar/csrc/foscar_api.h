@@ -36,6 +36,8 @@ typedef struct FoscarDecodeArgs {
   int32_t page_size, max_pages;
   int32_t num_splits, units_per_split; /* splits per (sequence, KV head); 64-token chunks per split */
   int32_t num_ctas;       /* persistent CTAs to launch (they loop over the work items) */
+  int32_t kv_heads_per_item; /* 1, or 2 (two KV heads' queries share S's columns) where
+                              * foscar_kv_heads_per_item allows it; the planner chooses */
   float sm_scale;
   int32_t device;         /* CUDA device index of every pointer above; the launch goes there */
 } FoscarDecodeArgs;
@@ -47,7 +49,12 @@ FOSCAR_EXPORT const char* foscar_last_error(void);
 /* CTAs per SM the decode kernels of this build are made for (the planner sizes the grid). */
 FOSCAR_EXPORT int foscar_ctas_per_sm(int bits);
 /* Dynamic shared memory per CTA of one decode kernel instance, or -1 if it is not built. */
-FOSCAR_EXPORT int foscar_decode_smem_bytes(int bits, int group_size, int k_channel, int v_channel, int dequant);
+FOSCAR_EXPORT int foscar_decode_smem_bytes(int bits, int group_size, int k_channel, int v_channel, int dequant,
+                                           int heads_per_item);
+/* The most KV heads one work item can hold for this head layout in this build: 2 where two KV
+ * heads' query heads fill the 8 columns of S together (2 or 4 query heads per KV head, an even
+ * number of KV heads), else 1. */
+FOSCAR_EXPORT int foscar_kv_heads_per_item(int num_q_heads, int num_kv_heads);
 
 #ifdef __cplusplus
 }

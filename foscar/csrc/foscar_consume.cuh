@@ -56,16 +56,25 @@ __device__ __forceinline__ void v_operands_kstep(const uint8_t* block, int sl, i
   }
 }
 
-// Visits the warp's 8 output tiles j of a staged V block with their A operands (the warp's
-// k-step): f(j, a), a the tile's 4 registers, which f may rewrite.
-template <int BITS, class F>
-__device__ __forceinline__ void for_each_v_tile(const uint8_t* block, const Lane& L, F&& f) {
+// Visits the warp's output tiles j of 32-channel slices SL0 .. SL1 - 1 of the staged V blocks
+// of the item's heads, with their A operands (the warp's k-step): f(j, a), a[hp] the tile's 4
+// registers of head hp, which f may rewrite.
+template <int BITS, int HP, int SL0, int SL1, class F>
+__device__ __forceinline__ void for_each_v_tile(const uint8_t* const (&blocks)[HP], const Lane& L, F&& f) {
 #pragma unroll
-  for (int sl = 0; sl < 4; ++sl) {
-    uint32_t a[2][4];
-    v_operands_kstep<BITS>(block, sl, L.warp, L.lane, a);
+  for (int sl = SL0; sl < SL1; ++sl) {
+    uint32_t a[HP][2][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) f(2 * sl + i, a[i]);
+    for (int hp = 0; hp < HP; ++hp) v_operands_kstep<BITS>(blocks[hp], sl, L.warp, L.lane, a[hp]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      uint32_t ai[HP][4];
+#pragma unroll
+      for (int hp = 0; hp < HP; ++hp)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) ai[hp][r] = a[hp][i][r];
+      f(2 * sl + i, ai);
+    }
   }
 }
 
@@ -75,15 +84,32 @@ __device__ __forceinline__ void p_fragments(const uint16_t (&pb)[4], uint32_t (&
   b[0] = movmatrix_trans(pb[0] | (static_cast<uint32_t>(pb[1]) << 16));
   b[1] = movmatrix_trans(pb[2] | (static_cast<uint32_t>(pb[3]) << 16));
 }
+// The B fragments of each KV head of the item: head hp's P^T keeps the columns of that head
+// (the threads whose lane.hp is hp) and is zero in the others, so that the products of the
+// heads' V blocks can share one accumulator (each column gets its own head's product and exact
+// zeros).
+template <int HP>
+__device__ __forceinline__ void p_fragments_per_head(const Lane& L, const uint16_t (&pb)[4], uint32_t (&b)[HP][2]) {
+#pragma unroll
+  for (int hp = 0; hp < HP; ++hp) {
+    const bool mine = HP == 1 || L.hp == hp;
+    const uint16_t m[4] = {mine ? pb[0] : uint16_t(0), mine ? pb[1] : uint16_t(0), mine ? pb[2] : uint16_t(0),
+                           mine ? pb[3] : uint16_t(0)};
+    p_fragments(m, b[hp]);
+  }
+}
 
 // One output tile's product over the warp's 16 tokens: acc += V^T P^T (fp16 operands).
 __device__ __forceinline__ void pv_tile(float (&acc)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   mma_f16_16816(acc, a[0], a[1], a[2], a[3], b[0], b[1]);
 }
-// The same from zero.
-__device__ __forceinline__ void pv_tile_fresh(float (&raw)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+// The product of every head of the item from zero: one k-step per head, chained (the columns
+// of one head receive only exact zeros from the other's step).
+template <int HP>
+__device__ __forceinline__ void pv_tile_fresh(float (&raw)[4], const uint32_t (&a)[HP][4], const uint32_t (&b)[HP][2]) {
   raw[0] = raw[1] = raw[2] = raw[3] = 0.f;
-  pv_tile(raw, a, b);
+#pragma unroll
+  for (int hp = 0; hp < HP; ++hp) pv_tile(raw, a[hp], b[hp]);
 }
 
 // The online softmax of one warp: a running maximum per head over the warp's tokens; a chunk
@@ -148,6 +174,7 @@ struct VFoldToken : WarpOut {
   static constexpr int kGroups = T::kGroupsD;
   float off[kGroups][2];   // this thread's partial offsets per (group, head)
   float pbar[kGroups][2];  // this thread's partial sums of p~ per (group, head)
+  uint32_t b[kGroups][T::HP][2];  // this chunk's B fragments of P~^T per (group, KV head)
 
   __device__ __forceinline__ void reset() {
     reset_out();
@@ -155,15 +182,16 @@ struct VFoldToken : WarpOut {
     for (int gv = 0; gv < kGroups; ++gv) off[gv][0] = off[gv][1] = pbar[gv][0] = pbar[gv][1] = 0.f;
   }
   __host__ __device__ static constexpr int group_of(int j) { return 16 * j / T::G; }
-  __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par, bool,
-                                     const float (&pr)[4]) {
-    uint32_t b[kGroups][2];
+  // P~ of the warp's 16 tokens, each column scaled by its own KV head's V scales.
+  __device__ __forceinline__ void begin(SharedStorage<T>&, const Lane& L, const uint8_t* const (&v_par)[T::HP], bool,
+                                        const float (&pr)[4]) {
+    const __half2* par = reinterpret_cast<const __half2*>(of_head(v_par, L.hp));
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv) {
       float sc[2], zs[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[L.token(2 * r) * kGroups + gv]);
+        const float2 sz = __half22float2(par[L.token(2 * r) * kGroups + gv]);
         sc[r] = sz.x != 0.f ? sz.x : kZeroScaleStandIn;  // codes of a constant group are 0
         zs[r] = sz.y / sc[r];
       }
@@ -175,11 +203,16 @@ struct VFoldToken : WarpOut {
         off[gv][e & 1] = fmaf(pt, zs[e >> 1], off[gv][e & 1]);
         pbar[gv][e & 1] += pt;
       }
-      p_fragments(ph, b[gv]);
+      p_fragments_per_head<T::HP>(L, ph, b[gv]);
     }
-    for_each_v_tile<T::BITS>(block, L, [&](int j, uint32_t (&a)[4]) {
+  }
+  // The products of slices SL0 .. SL1 - 1 (channels 32 SL0 ..), folded.
+  template <int SL0, int SL1>
+  __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* const (&blocks)[T::HP],
+                                     const uint8_t* const (&)[T::HP], bool) {
+    for_each_v_tile<T::BITS, T::HP, SL0, SL1>(blocks, L, [&](int j, uint32_t (&a)[T::HP][4]) {
       float raw[4];
-      pv_tile_fresh(raw, a, b[group_of(j)]);
+      pv_tile_fresh<T::HP>(raw, a, b[group_of(j)]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) out[j][e] = fmaf(raw[e], 1.f / warp_tile_radix<T::BITS>(j, e >> 1), out[j][e]);
     });
@@ -217,34 +250,42 @@ struct VFoldToken : WarpOut {
 template <class T>
 struct VFoldChannel : WarpOut {
   // Channel-wise V, accumulator fold: B = p (fp16); each tile's product, from zero, folded with
-  // its group's s / f per channel; when the warp's token group closes, (z - 1024 s / f) times
-  // the warp's own p-sum (its O holds its own tokens only, so no exchange between warps).
+  // its group's s / f per channel (of the column's own KV head); when the warp's token group
+  // closes, (z - 1024 s / f) times the warp's own p-sum (its O holds its own tokens only, so no
+  // exchange between warps).
   float psum[2];
+  float total[2];              // the p-sums of a closing group, for pv()
+  uint32_t b[1][T::HP][2];     // this chunk's B fragments of P^T per KV head
 
   __device__ __forceinline__ void reset() {
     reset_out();
     psum[0] = psum[1] = 0.f;
   }
-  __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par,
-                                     bool group_ends, const float (&pr)[4]) {
+  __device__ __forceinline__ void begin(SharedStorage<T>&, const Lane& L, const uint8_t* const (&)[T::HP],
+                                        bool group_ends, const float (&pr)[4]) {
     uint16_t ph[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       ph[e] = f16_bits(pr[e]);
       psum[e & 1] += f16_value(ph[e]);
     }
-    uint32_t b[2];
-    p_fragments(ph, b);
-    float total[2] = {0.f, 0.f};
+    p_fragments_per_head<T::HP>(L, ph, b[0]);
+    total[0] = total[1] = 0.f;
     if (group_ends) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) total[hh] = sum_rows(psum[hh]), psum[hh] = 0.f;
     }
-    // The warp's 16 tokens lie in one token group of the chunk: its (s, z) row.
-    const __half2* row = reinterpret_cast<const __half2*>(par) + ((16 * L.warp) / T::G) * kD;
-    for_each_v_tile<T::BITS>(block, L, [&](int j, uint32_t (&a)[4]) {
+  }
+  template <int SL0, int SL1>
+  __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* const (&blocks)[T::HP],
+                                     const uint8_t* const (&v_par)[T::HP], bool group_ends) {
+    // The warp's 16 tokens lie in one token group of the chunk: its (s, z) row, of this
+    // thread's KV head.
+    const __half2* row =
+        reinterpret_cast<const __half2*>(of_head(v_par, L.hp)) + ((16 * L.warp) / T::G) * kD;
+    for_each_v_tile<T::BITS, T::HP, SL0, SL1>(blocks, L, [&](int j, uint32_t (&a)[T::HP][4]) {
       float raw[4];
-      pv_tile_fresh(raw, a, b);
+      pv_tile_fresh<T::HP>(raw, a, b[0]);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const float2 sz = __half22float2(row[16 * j + L.g + 8 * hf]);
@@ -271,42 +312,42 @@ struct VFoldChannel : WarpOut {
 
 template <class T>
 struct VDequant : WarpOut {
-  // The ablation: every element of the warp's A operands turned into s c + z (fp16) before the
-  // product; B = p (fp16).
+  // The ablation: every element of the warp's A operands turned into s c + z (fp16, with its
+  // own KV head's parameters) before the product; B = p (fp16).
   static constexpr int kGroups = T::kGroupsD;
+  uint32_t b[1][T::HP][2];
 
   __device__ __forceinline__ void reset() {
     reset_out();
   }
-  __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* block, const uint8_t* par, bool,
-                                     const float (&pr)[4]) {
+  __device__ __forceinline__ void begin(SharedStorage<T>&, const Lane& L, const uint8_t* const (&)[T::HP], bool,
+                                        const float (&pr)[4]) {
     uint16_t ph[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) ph[e] = f16_bits(pr[e]);
-    uint32_t b[2];
-    p_fragments(ph, b);
-    // (s, z) of this lane's A columns: tokens 16w + 2t + 8o + {0, 1}, per channel group.
-    float2 tsz[kGroups][2][2];
-#pragma unroll
-    for (int gv = 0; gv < kGroups; ++gv)
-#pragma unroll
-      for (int o = 0; o < 2; ++o)
-#pragma unroll
-        for (int u = 0; u < 2; ++u)
-          tsz[gv][o][u] = __half22float2(
-              reinterpret_cast<const __half2*>(par)[(16 * L.warp + 2 * L.t + 8 * o + u) * kGroups + gv]);
-    for_each_v_tile<T::BITS>(block, L, [&](int j, uint32_t (&a)[4]) {
+    p_fragments_per_head<T::HP>(L, ph, b[0]);
+  }
+  template <int SL0, int SL1>
+  __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* const (&blocks)[T::HP],
+                                     const uint8_t* const (&v_par)[T::HP], bool) {
+    for_each_v_tile<T::BITS, T::HP, SL0, SL1>(blocks, L, [&](int j, uint32_t (&a)[T::HP][4]) {
       const int gv = 16 * j / T::G;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        // (1024 + f c) s / f + z - 1024 s / f per token of the pair
-        const float f = warp_tile_radix<T::BITS>(j, r & 1);
-        const float2 v = unpack_f16x2(a[r]);
-        const float2 sz0 = tsz[gv][r >> 1][0], sz1 = tsz[gv][r >> 1][1];
-        const float s0 = sz0.x / f, s1 = sz1.x / f;
-        a[r] = pack_f16x2(fmaf(v.x, s0, sz0.y - kVBias * s0), fmaf(v.y, s1, sz1.y - kVBias * s1));
+      for (int hp = 0; hp < T::HP; ++hp) {
+        // (s, z) of this lane's A columns, tokens 16w + 2t + 8o + {0, 1}, of head hp.
+        const __half2* par = reinterpret_cast<const __half2*>(v_par[hp]);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          // (1024 + f c) s / f + z - 1024 s / f per token of the pair
+          const float f = warp_tile_radix<T::BITS>(j, r & 1);
+          const float2 v = unpack_f16x2(a[hp][r]);
+          const int tok = 16 * L.warp + 2 * L.t + 8 * (r >> 1);
+          const float2 sz0 = __half22float2(par[tok * kGroups + gv]), sz1 = __half22float2(par[(tok + 1) * kGroups + gv]);
+          const float s0 = sz0.x / f, s1 = sz1.x / f;
+          a[hp][r] = pack_f16x2(fmaf(v.x, s0, sz0.y - kVBias * s0), fmaf(v.y, s1, sz1.y - kVBias * s1));
+        }
+        pv_tile(out[j], a[hp], b[0][hp]);
       }
-      pv_tile(out[j], a, b);
     });
   }
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
@@ -328,33 +369,42 @@ using VSideOf = typename std::conditional<T::DEQ, VDequant<T>,
                                           typename std::conditional<T::VCH, VFoldChannel<T>, VFoldToken<T>>::type>::type;
 
 // The BF16 tail (channel-wise caches), split 0, per warp: 16 tokens of each 64-token piece on
-// mma.sync, bf16 operands straight from global memory, the warp's own softmax and output.
+// mma.sync, bf16 operands straight from global memory, the warp's own softmax and output; with
+// two KV heads per item each head's k-steps against its own B tiles (S) and P columns (PV),
+// chained in one accumulator as in the main loop.
 template <class T, class VSide>
 __device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
                                   WarpSoftmax& sm, VSide& vs) {
-  const size_t base = ((size_t)w.b * p.num_kv_heads + w.h) * T::G * kD;
-  const __nv_bfloat16* kt_rows = p.k_tail + base;
-  const __nv_bfloat16* vt_rows = p.v_tail + base;
-  auto k_pair = [&](int tok, int c) -> uint32_t {
-    return tok < w.tail_len ? *reinterpret_cast<const uint32_t*>(kt_rows + (size_t)tok * kD + c) : 0u;
+  const __nv_bfloat16* kt_rows[T::HP];
+  const __nv_bfloat16* vt_rows[T::HP];
+#pragma unroll
+  for (int hp = 0; hp < T::HP; ++hp) {
+    const size_t base = ((size_t)w.b * p.num_kv_heads + w.h + hp) * T::G * kD;
+    kt_rows[hp] = p.k_tail + base, vt_rows[hp] = p.v_tail + base;
+  }
+  auto k_pair = [&](int hp, int tok, int c) -> uint32_t {
+    return tok < w.tail_len ? *reinterpret_cast<const uint32_t*>(kt_rows[hp] + (size_t)tok * kD + c) : 0u;
   };
-  auto v_pair = [&](int tok, int c) -> uint32_t {  // channel c of tokens tok, tok + 1
-    const uint32_t lo = tok < w.tail_len ? *reinterpret_cast<const uint16_t*>(vt_rows + (size_t)tok * kD + c) : 0u;
-    const uint32_t hi = tok + 1 < w.tail_len ? *reinterpret_cast<const uint16_t*>(vt_rows + (size_t)(tok + 1) * kD + c) : 0u;
+  auto v_pair = [&](int hp, int tok, int c) -> uint32_t {  // channel c of tokens tok, tok + 1
+    const uint32_t lo = tok < w.tail_len ? *reinterpret_cast<const uint16_t*>(vt_rows[hp] + (size_t)tok * kD + c) : 0u;
+    const uint32_t hi =
+        tok + 1 < w.tail_len ? *reinterpret_cast<const uint16_t*>(vt_rows[hp] + (size_t)(tok + 1) * kD + c) : 0u;
     return lo | (hi << 16);
   };
-  auto b_frag = [&](int kt, int hi) -> uint32_t {
-    return *reinterpret_cast<const uint32_t*>(s.qt_tile[kt] + b_tile_offset(2 * L.t + 8 * hi, L.g));
+  auto b_frag = [&](int hp, int kt, int hi) -> uint32_t {
+    return *reinterpret_cast<const uint32_t*>(s.qt_tile[hp][kt] + b_tile_offset(2 * L.t + 8 * hi, L.g));
   };
   for (int t0 = 0; t0 < w.tail_len; t0 += kChunk) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const int r0 = t0 + 16 * L.warp + L.g;
 #pragma unroll
-    for (int kt = 0; kt < 8; ++kt) {
-      const int c = 16 * kt + 2 * L.t;
-      mma_bf16_16816(acc, k_pair(r0, c), k_pair(r0 + 8, c), k_pair(r0, c + 8), k_pair(r0 + 8, c + 8), b_frag(kt, 0),
-                     b_frag(kt, 1));
-    }
+    for (int hp = 0; hp < T::HP; ++hp)
+#pragma unroll
+      for (int kt = 0; kt < 8; ++kt) {
+        const int c = 16 * kt + 2 * L.t;
+        mma_bf16_16816(acc, k_pair(hp, r0, c), k_pair(hp, r0 + 8, c), k_pair(hp, r0, c + 8), k_pair(hp, r0 + 8, c + 8),
+                       b_frag(hp, kt, 0), b_frag(hp, kt, 1));
+      }
     float x[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) x[e] = t0 + L.token(e) < w.tail_len ? acc[e] * p.sm_scale_log2 : kNegInf;
@@ -365,15 +415,17 @@ __device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const L
     uint16_t pb[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) pb[e] = bf16_bits(pr[e]);
-    uint32_t b[2];
-    p_fragments(pb, b);
+    uint32_t b[T::HP][2];
+    p_fragments_per_head<T::HP>(L, pb, b);
     const int tk = t0 + 16 * L.warp + 2 * L.t;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int ch = 16 * j + L.g;
-      const uint32_t a[4] = {v_pair(tk, ch), v_pair(tk, ch + 8), v_pair(tk + 8, ch), v_pair(tk + 8, ch + 8)};
       float raw[4] = {0.f, 0.f, 0.f, 0.f};
-      mma_bf16_16816(raw, a[0], a[1], a[2], a[3], b[0], b[1]);
+#pragma unroll
+      for (int hp = 0; hp < T::HP; ++hp)
+        mma_bf16_16816(raw, v_pair(hp, tk, ch), v_pair(hp, tk, ch + 8), v_pair(hp, tk + 8, ch), v_pair(hp, tk + 8, ch + 8),
+                       b[hp][0], b[hp][1]);
       vs.add_real(j, raw);
     }
   }
@@ -391,10 +443,10 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
     if (L.g == 0) s.red[L.warp][2 * L.t + hh][0] = sm.m[hh], s.red[L.warp][2 * L.t + hh][1] = l;
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
-  // Heads in passes of four (the real ones: ratio is 1, 2, 4 or 8): each warp's output against
+  // Columns in passes of four (the real ones, cols: 1, 2, 4 or 8): each warp's output against
   // the maximum over the warps into the merge buffer, then thread tid sums channel tid of each.
   const int hq0 = w.h * p.ratio, c = L.tid;
-  for (int h0 = 0; h0 < p.ratio; h0 += kN / 2) {
+  for (int h0 = 0; h0 < p.cols; h0 += kN / 2) {
     if (h0 > 0) named_barrier(kConsumerBarrier, kConsumerThreads);  // the last pass is read out
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -410,7 +462,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
         for (int hf = 0; hf < 2; ++hf) s.merge[L.warp][hd - h0][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
     }
     named_barrier(kConsumerBarrier, kConsumerThreads);
-    for (int hd = h0; hd < min(p.ratio, h0 + kN / 2); ++hd) {
+    for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) {
       float mx = kNegInf;
 #pragma unroll
       for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
@@ -440,8 +492,8 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
 // The consumer warpgroup: the items of this CTA, chunk by chunk.
 template <class T, class KSide, class VSide>
 __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
-  const Lane L(threadIdx.x - 128);
-  int it = 0;
+  const Lane L(threadIdx.x - 128, p.ratio, T::HP);
+  int it = 0;  // stages consumed
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
     KSide ks;
@@ -452,12 +504,17 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
 
     SStream<T, KSide> ss{p, s, L, w, ks, it, {}};
     ss.first();
-    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ++it) {
-      const uint8_t* st = ss.stage(0);
-      const uint8_t* v_par = st + 2 * T::kCodeBytes + T::kKParamBytes;
+    for (int c = w.chunk_begin; c < w.chunk_end; ++c, it += T::HP) {
+      const uint8_t* v_blk[T::HP];
+      const uint8_t* v_par[T::HP];
+#pragma unroll
+      for (int hp = 0; hp < T::HP; ++hp) {
+        v_blk[hp] = ss.stage(0, hp) + T::kCodeBytes;
+        v_par[hp] = ss.stage(0, hp) + 2 * T::kCodeBytes + T::kKParamBytes;
+      }
       const int tok0 = c * kChunk;
       const bool last = c == w.chunk_end - 1;
-      if (FOSCAR_EARLY_WAIT && !last) ss.wait(1);  // lab: chunk c + 1's stage before the softmax
+      const bool group_ends = last || (tok0 + kChunk) % T::G == 0;
 
       // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers.
       float x[4];
@@ -466,31 +523,32 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
       float pr[4];
       sm.probabilities(x, pr);
+      vs.begin(s, L, v_par, group_ends, pr);
 
-      // S of chunk c + 1 on wgmma (the last chunk's runs on stale operands and is discarded).
-#if FOSCAR_EARLY_WAIT
-      // Unconditional, so that it shares a basic block with the softmax: on the last chunk it
-      // reads a stage that may hold no chunk, and the S it feeds is discarded.
-      ss.prepare(1, c + 1);
-#else
-      if (!last) {
-        ss.wait(1);
-        ss.prepare(1, c + 1);
-      }
-#endif
-      pin_operands(ss.a);
+      // S of chunk c + 1 on wgmma, head by head (the last chunk's runs on stale operands and is
+      // discarded), and chunk c's PV on this warp's mma.sync while each runs.
+      if (!last) ss.wait(1);
       zero_accumulators(ks.acc);
-      pin_accumulators(ks.acc);
-      wgmma_fence();
-      ks.issue(s, L, ss.a);
-      wgmma_commit();
-
-      // Chunk c's PV on this warp's mma.sync while S runs.
-      vs.pv(s, L, st + T::kCodeBytes, v_par, last || (tok0 + kChunk) % T::G == 0, pr);
+      if constexpr (T::HP == 1) {
+        if (!last) ss.prepare(1, c + 1, 0);
+        ss.issue(0);
+        vs.template pv<0, 4>(s, L, v_blk, v_par, group_ends);
+        ss.complete();
+      } else {
+        if (!last) ss.prepare(1, c + 1, 0);
+        ss.issue(0);
+        vs.template pv<0, 2>(s, L, v_blk, v_par, group_ends);
+        ss.complete();
+        if (!last) ss.prepare(1, c + 1, 1);
+        ss.issue(1);
+        vs.template pv<2, 4>(s, L, v_blk, v_par, group_ends);
+        ss.complete();
+      }
       __syncwarp();
-      if (L.lane == 0) mbar_arrive(&s.empty[it % T::kStages]);
-      wgmma_wait<0>();
-      pin_accumulators(ks.acc);
+      if (L.lane == 0) {
+#pragma unroll
+        for (int hp = 0; hp < T::HP; ++hp) mbar_arrive(&s.empty[(it + hp) % T::kStages]);
+      }
     }
 
     if constexpr (T::kHasTail) {

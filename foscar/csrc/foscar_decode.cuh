@@ -39,6 +39,18 @@
 
 namespace foscar {
 
+// Two KV heads per work item where their query heads fill N = 8 together (2 or 4 query heads
+// per KV head): S's columns 0 .. ratio - 1 are the first head's queries, the next ratio the
+// second's, so no thread of the softmax, the score fold or the P~ scaling works on padding
+// (docs/KERNELS.md, "Paired heads"). The planner pairs where the batch gives enough items
+// (foscar/kernels.py); lab knob FOSCAR_PAIR_HEADS=0 builds one head per item only.
+#ifndef FOSCAR_PAIR_HEADS
+#define FOSCAR_PAIR_HEADS 1
+#endif
+__host__ __device__ inline int max_kv_heads_per_item(int ratio, int num_kv_heads) {
+  return FOSCAR_PAIR_HEADS && (ratio == 2 || ratio == 4) && num_kv_heads % 2 == 0 ? 2 : 1;
+}
+
 struct DecodeParams {
   const __nv_bfloat16* q;       // [batch, num_q_heads, D]
   __nv_bfloat16* o;             // [batch, num_q_heads, D]
@@ -54,6 +66,9 @@ struct DecodeParams {
   float* ws_ml;                 // [batch, num_q_heads, num_splits, 2]
   int* ws_count;                // [batch, num_kv_heads] splits done; 0 between launches
   int batch, num_q_heads, num_kv_heads, ratio;
+  // KV heads per work item (kv_heads_per_item) and the real columns of S and O they fill:
+  // cols = heads_per_item * ratio, column n the query head (first KV head) * ratio + n.
+  int heads_per_item, cols;
   int page_size, max_pages, page_shift;  // page_shift = log2(page_size) for powers of two, else -1
   // Byte strides of the staged runs: one head's codes / parameters inside a page, one page.
   int code_head_bytes, param_head_bytes;
@@ -81,6 +96,8 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.num_q_heads = a.num_q_heads;
   p.num_kv_heads = a.num_kv_heads;
   p.ratio = a.num_q_heads / a.num_kv_heads;
+  p.heads_per_item = a.kv_heads_per_item;
+  p.cols = p.heads_per_item * p.ratio;
   p.page_size = a.page_size;
   p.max_pages = a.max_pages;
   p.page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(a.page_size)) : -1;
@@ -90,7 +107,7 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.param_page_bytes = static_cast<long long>(p.param_head_bytes) * a.num_kv_heads;
   p.num_splits = a.num_splits;
   p.chunks_per_split = a.units_per_split;
-  p.num_items = a.batch * a.num_kv_heads * a.num_splits;
+  p.num_items = a.batch * (a.num_kv_heads / p.heads_per_item) * a.num_splits;
   p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
   return p;
 }
@@ -117,23 +134,31 @@ constexpr float kZeroScaleStandIn = 1.0f;
 #ifndef FOSCAR_STAGES_INT2
 #define FOSCAR_STAGES_INT2 6
 #endif
-// Lab: wait for chunk c + 1's stage at the top of chunk c's trip and build its K operands
-// unconditionally, so that they share a basic block with the softmax (foscar_consume.cuh).
-#ifndef FOSCAR_EARLY_WAIT
-#define FOSCAR_EARLY_WAIT 0
+// Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
+#ifndef FOSCAR_PAIR_STAGES_INT4
+#define FOSCAR_PAIR_STAGES_INT4 6
+#endif
+#ifndef FOSCAR_PAIR_STAGES_INT2
+#define FOSCAR_PAIR_STAGES_INT2 6
 #endif
 
-template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_>
+template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
 struct DecodeTraits {
   static constexpr int BITS = BITS_, G = G_;
   static constexpr bool KCH = KCH_, VCH = VCH_, DEQ = DEQ_;
+  static constexpr int HP = HP_;  // KV heads per item (1, or 2 paired: kv_heads_per_item)
   static constexpr int kCodeBytes = kChunk * kD * BITS / 8;     // one tensor's codes of one chunk
   static constexpr int kGroupsD = kD / G;                        // channel groups (token-wise modes)
   static constexpr int kGroupsT = G >= kChunk ? 1 : kChunk / G;  // token groups in a chunk (channel-wise)
   static constexpr int kKParamBytes = (KCH ? kGroupsT * kD : kChunk * kGroupsD) * 4;
   static constexpr int kVParamBytes = (VCH ? kGroupsT * kD : kChunk * kGroupsD) * 4;
   static constexpr int kStageBytes = 2 * kCodeBytes + kKParamBytes + kVParamBytes;
-  static constexpr int kStages = BITS == 4 ? FOSCAR_STAGES_INT4 : FOSCAR_STAGES_INT2;
+  // Ring stages, each one KV head's chunk (a paired item's trip takes two): at least the
+  // current and the next trip's.
+  // (INT4 with groups of 32 keeps one stage fewer, so that three CTAs fit an SM.)
+  static constexpr int kStagesKnob = HP == 1 ? (BITS == 4 ? FOSCAR_STAGES_INT4 : FOSCAR_STAGES_INT2)
+                                             : (BITS == 4 ? FOSCAR_PAIR_STAGES_INT4 - (G == 32) : FOSCAR_PAIR_STAGES_INT2);
+  static constexpr int kStages = kStagesKnob > 2 * HP ? kStagesKnob : 2 * HP;
   static constexpr int kCtasPerSm = BITS == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
   static constexpr int kThreads = 256;  // producer warpgroup + consumer warpgroup
   // Registers: the cap at entry, then the producer gives its share to the consumers.
@@ -151,9 +176,11 @@ template <class T>
 struct SharedStorage {
   static constexpr int kQTiles = T::KCH && !T::DEQ ? T::kGroupsT : 1;   // S's B per token group
   alignas(128) uint8_t ring[T::kStages][T::kStageBytes];
-  alignas(128) uint8_t q_tile[kQTiles][8][kBTileBytes];  // fp16 q'/f, or Q~, per k-step of S
-  alignas(128) uint8_t qt_tile[8][kBTileBytes];          // bf16 q for the BF16 tail
-  float q32[kN][kD];                                      // the query heads; zero rows past ratio
+  // S's B operand per token group and KV head of the item (the other head's rows zero): fp16
+  // q'/f, or Q~, per k-step.
+  alignas(128) uint8_t q_tile[kQTiles][T::HP][8][kBTileBytes];
+  alignas(128) uint8_t qt_tile[T::HP][8][kBTileBytes];  // bf16 q for the BF16 tail, the same way
+  float q32[kN][kD];                                      // the query columns; zero rows past cols
   float kconst[T::KCH ? T::kGroupsT : T::kGroupsD][kN][4];  // per (group, head) constants of the K fold
   float red[4][kN][2];  // [warp][head]: each warp's maximum and denominator at the item's end
   // Each warp's output at the item's end, 4 heads a pass; the split merge's weights (8 heads x
@@ -163,16 +190,16 @@ struct SharedStorage {
   int last_split;
 };
 
-template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
 constexpr int decode_smem_bytes() {
-  return static_cast<int>(sizeof(SharedStorage<DecodeTraits<BITS, G, KCH, VCH, DEQ>>));
+  return static_cast<int>(sizeof(SharedStorage<DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>>));
 }
 
 // ---------------------------------------------------------------------------------------
 // Work items: (sequence, KV head, split), the split a run of 64-token chunks; the last split
 // takes whatever remains, so a plan made before the cache grew stays correct.
 struct WorkItem {
-  int b, h, split;
+  int b, h, split;  // h: the item's first KV head (T::HP consecutive heads)
   int chunk_begin, chunk_end;  // packed chunks of this split
   int packed_len, tail_len;
 };
@@ -181,9 +208,9 @@ template <class T>
 __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
   WorkItem w;
   w.split = item % p.num_splits;
-  const int rest = item / p.num_splits;
-  w.h = rest % p.num_kv_heads;
-  w.b = rest / p.num_kv_heads;
+  const int rest = item / p.num_splits, per_seq = p.num_kv_heads / T::HP;
+  w.h = rest % per_seq * T::HP;
+  w.b = rest / per_seq;
   const int len = p.seq_lens[w.b];
   w.tail_len = T::kHasTail ? len % T::G : 0;
   w.packed_len = len - w.tail_len;
@@ -195,24 +222,27 @@ __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
 
 // ---------------------------------------------------------------------------------------
 // The producer: one lane streams every chunk of the CTA's items into the ring, four bulk copies
-// per stage (K codes, V codes, their parameter runs) completing on the stage's "full" mbarrier.
+// per stage (K codes, V codes, their parameter runs) completing on the stage's "full" mbarrier;
+// a paired item's chunk c takes two stages, its first head's then its second's.
 template <class T>
 __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
   int it = 0;
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
     const int32_t* row = p.page_table + (size_t)w.b * p.max_pages;
-    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ++it) {
+    for (int c = w.chunk_begin; c < w.chunk_end; ++c)
+#pragma unroll
+    for (int hp = 0; hp < T::HP; ++hp, ++it) {
       const int stage = it % T::kStages;
       mbar_wait(&s.empty[stage], ((it / T::kStages) & 1) ^ 1);  // the consumers freed it
-      const int tok = c * kChunk;
+      const int tok = c * kChunk, h = w.h + hp;
       const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
       const unsigned long long page = static_cast<unsigned>(row[lpage]);
       const int tip = tok - lpage * p.page_size;
       // Pages hold every head: the page, this head's slice, the chunk's first 16-token row.
-      const unsigned long long codes = page * p.code_page_bytes + (unsigned)(w.h * p.code_head_bytes) +
+      const unsigned long long codes = page * p.code_page_bytes + (unsigned)(h * p.code_head_bytes) +
                                        (unsigned)(tip / 16 * (16 * kD * T::BITS / 8));
-      const unsigned long long params = page * p.param_page_bytes + (unsigned)(w.h * p.param_head_bytes);
+      const unsigned long long params = page * p.param_page_bytes + (unsigned)(h * p.param_head_bytes);
       const unsigned k_par = T::KCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
       const unsigned v_par = T::VCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
       uint8_t* st = s.ring[stage];
@@ -227,12 +257,14 @@ __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The consumer's view of itself: warp w (0..3) of the warpgroup, lane (g, t).
+// The consumer's view of itself: warp w (0..3) of the warpgroup, lane (g, t), and hp, the KV
+// head of the item (0 or 1) whose query heads are this thread's columns 2t, 2t + 1 of S and O
+// (ratio is even when an item holds two heads; padding columns count as the last head's).
 struct Lane {
-  int tid, warp, lane, g, t;
-  __device__ __forceinline__ explicit Lane(int consumer_tid)
+  int tid, warp, lane, g, t, hp;
+  __device__ __forceinline__ Lane(int consumer_tid, int ratio, int heads_per_item)
       : tid(consumer_tid), warp(consumer_tid >> 5), lane(consumer_tid & 31), g((consumer_tid & 31) >> 2),
-        t(consumer_tid & 3) {}
+        t(consumer_tid & 3), hp(heads_per_item == 1 ? 0 : min(2 * (consumer_tid & 3) / ratio, heads_per_item - 1)) {}
   // Token (within a chunk) of S accumulator element e: rows g and g + 8 of warp w's 16.
   __device__ __forceinline__ int token(int e) const { return 16 * warp + g + 8 * (e >> 1); }
   // Channel of O accumulator element e of m64 tile i: warp w owns channels 32w .. 32w + 31.
@@ -271,13 +303,35 @@ __device__ __forceinline__ float reduce_lanes(float x) {
   return x;
 }
 
-// Per-thread query staging: thread tid owns head n = tid / 16, channels 8 (tid % 16) .. + 7.
+// Per-thread query staging: thread tid owns column n = tid / 16, channels 8 (tid % 16) .. + 7.
 struct QSlice {
   int n, d0;
   __device__ __forceinline__ explicit QSlice(int tid) : n(tid >> 4), d0(8 * (tid & 15)) {}
+  // The item's KV head whose B tiles hold this column (padding columns: the last head's, zero).
+  template <class T>
+  __device__ __forceinline__ int head(const DecodeParams& p) const {
+    return T::HP == 1 ? 0 : min(n / p.ratio, T::HP - 1);
+  }
   // Byte offset of this slice in a B tile stack (8 k-steps): 8 consecutive K values of row n.
   __device__ __forceinline__ int tile_offset() const { return (d0 / 16) * kBTileBytes + b_tile_offset(d0 % 16, n); }
 };
+
+// Entry hp (0 or 1) of a per-head array by selection, not indexing: an array indexed by a
+// runtime value would live in local memory.
+template <int HP, class P>
+__device__ __forceinline__ P of_head(const P (&a)[HP], int hp) {
+  return HP == 1 || hp == 0 ? a[0] : a[HP - 1];
+}
+
+// A column's row of 8 k-values into the B tiles of its KV head, zero into the other head's.
+template <class T>
+__device__ __forceinline__ void store_b_row(const DecodeParams& p, uint8_t (&tiles)[T::HP][8][kBTileBytes],
+                                            const QSlice& qs, uint4 row) {
+#pragma unroll
+  for (int hp = 0; hp < T::HP; ++hp)
+    *reinterpret_cast<uint4*>(tiles[hp][0] + qs.tile_offset()) =
+        hp == qs.head<T>(p) ? row : make_uint4(0u, 0u, 0u, 0u);
+}
 
 // ---------------------------------------------------------------------------------------
 // K side. Each policy builds the A operands of S = K Q^T from a staged 16-token tile, issues the
@@ -310,7 +364,7 @@ struct KFoldToken {
       qf += r.x + r.y;
       qsum += x[j] + x[j + 1];
     }
-    *reinterpret_cast<uint4*>(s.q_tile[0][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
+    store_b_row<T>(p, s.q_tile[0], qs, make_uint4(h[0], h[1], h[2], h[3]));
     // Sums over each channel group: G / 8 lanes of 8 channels each.
     qf = reduce_lanes<T::G / 8, false>(qf);
     qsum = reduce_lanes<T::G / 8, false>(qsum);
@@ -329,11 +383,12 @@ struct KFoldToken {
       for (int gk = 0; gk < kAcc; ++gk) c1[gk][hh] = s.kconst[gk][2 * L.t + hh][0], c2[gk][hh] = s.kconst[gk][2 * L.t + hh][1];
     }
   }
-  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&, const uint8_t*, bool) {}
+  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&,
+                                              const uint8_t* const (&)[T::HP], bool) {}
   __device__ __forceinline__ void publish(SharedStorage<T>&, const Lane&, bool) {}
 
-  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4]) {
-    const uint64_t base = b_tile_desc(smem_u32(s.q_tile[0][0]));
+  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4], int hp) {
+    const uint64_t base = b_tile_desc(smem_u32(s.q_tile[0][hp][0]));
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
       const int gk = kt * 16 / T::G;
@@ -366,32 +421,38 @@ struct KFoldChannel {
   float acc[1][4];
   float bias[2], inv[2];  // of this thread's group, heads 2t, 2t+1
 
-  // Rows of Q~ past the ratio (padding heads) and their constants are zeroed once per item.
+  // Once per item: the rows of Q~ that begin_chunk does not write (padding columns, and in each
+  // head's tiles the other head's columns) are zeroed, and the padding columns' constants.
   __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
     const QSlice qs(L.tid);
-    if (qs.n < p.ratio) return;
+    const bool pad = qs.n >= p.cols;
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
-      *reinterpret_cast<uint4*>(s.q_tile[gq][0] + qs.tile_offset()) = make_uint4(0u, 0u, 0u, 0u);
-      if ((L.tid & 15) == 0) s.kconst[gq][qs.n][0] = 0.f, s.kconst[gq][qs.n][1] = 1.f;
+#pragma unroll
+      for (int hp = 0; hp < T::HP; ++hp)
+        if (pad || hp != qs.head<T>(p))
+          *reinterpret_cast<uint4*>(s.q_tile[gq][hp][0] + qs.tile_offset()) = make_uint4(0u, 0u, 0u, 0u);
+      if (pad && (L.tid & 15) == 0) s.kconst[gq][qs.n][0] = 0.f, s.kconst[gq][qs.n][1] = 1.f;
     }
   }
   __device__ __forceinline__ void load_constants(SharedStorage<T>&, const Lane&) {}
   __device__ __forceinline__ int my_group(const Lane& L) const { return kGroups == 1 ? 0 : (16 * L.warp) / T::G; }
 
   // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64): warp w
-  // builds heads w, w + 4 (those below the ratio), lane l channels 4l .. 4l + 3, so the four
-  // warps share the work at 4 query heads per KV head. publish() makes it visible to the
-  // warpgroup's wgmma, after the K operands are built.
+  // builds columns w, w + 4 (those below cols), lane l channels 4l .. 4l + 3, so the four warps
+  // share the work; column n from the K parameters of its KV head, par[n / ratio], into that
+  // head's tiles. publish() makes it visible to the warpgroup's wgmma, after the K operands
+  // are built.
   __device__ __forceinline__ void begin_chunk(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
-                                              const uint8_t* par, bool group_starts) {
+                                              const uint8_t* const (&par)[T::HP], bool group_starts) {
     if (!group_starts) return;
     const int d0 = 4 * L.lane;
     const float f = k_radix<T::BITS>((d0 / 8) % (16 / T::BITS));  // one 8-channel block: one factor
-    for (int n = L.warp; n < p.ratio; n += 4) {
+    for (int n = L.warp; n < p.cols; n += 4) {
+      const int hp = T::HP == 1 ? 0 : n / p.ratio;
 #pragma unroll
       for (int gq = 0; gq < kGroups; ++gq) {
-        const __half2* row = reinterpret_cast<const __half2*>(par) + gq * kD;
+        const __half2* row = reinterpret_cast<const __half2*>(of_head(par, hp)) + gq * kD;
         const float4 q = *reinterpret_cast<const float4*>(&s.q32[n][d0]);
         const float qv[4] = {q.x, q.y, q.z, q.w};
         float qt[4], zs[4], amax = 0.f;
@@ -409,7 +470,7 @@ struct KFoldChannel {
         const uint32_t h0 = pack_f16x2(qt[0] * up, qt[1] * up), h1 = pack_f16x2(qt[2] * up, qt[3] * up);
         const float2 r0 = unpack_f16x2(h0), r1 = unpack_f16x2(h1);
         float part = fmaf(r0.x, zs[0], fmaf(r0.y, zs[1], fmaf(r1.x, zs[2], r1.y * zs[3])));
-        *reinterpret_cast<uint2*>(s.q_tile[gq][0] + (d0 / 16) * kBTileBytes + b_tile_offset(d0 % 16, n)) =
+        *reinterpret_cast<uint2*>(s.q_tile[gq][hp][0] + (d0 / 16) * kBTileBytes + b_tile_offset(d0 % 16, n)) =
             make_uint2(h0, h1);
         part = reduce_lanes<32, false>(part);
         if (L.lane == 0) {
@@ -428,10 +489,10 @@ struct KFoldChannel {
     inv[0] = s.kconst[gq][2 * L.t][1], inv[1] = s.kconst[gq][2 * L.t + 1][1];
   }
 
-  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane& L, const uint32_t (&a)[8][4]) {
+  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane& L, const uint32_t (&a)[8][4], int hp) {
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
-      const uint64_t base = b_tile_desc(smem_u32(s.q_tile[gq][0]));
+      const uint64_t base = b_tile_desc(smem_u32(s.q_tile[gq][hp][0]));
       const bool mine = my_group(L) == gq;
 #pragma unroll
       for (int kt = 0; kt < 8; ++kt)
@@ -462,7 +523,7 @@ struct KDequant {
     uint32_t h[4];
 #pragma unroll
     for (int j = 0; j < 8; j += 2) h[j / 2] = pack_f16x2(x[j] * down, x[j + 1] * down);
-    *reinterpret_cast<uint4*>(s.q_tile[0][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
+    store_b_row<T>(p, s.q_tile[0], qs, make_uint4(h[0], h[1], h[2], h[3]));
     if ((L.tid & 15) == 0) s.kconst[0][qs.n][2] = p.sm_scale_log2 * exp2_int(e);
   }
   __device__ __forceinline__ void load_constants(SharedStorage<T>& s, const Lane& L) {
@@ -470,7 +531,8 @@ struct KDequant {
     kscale[1] = s.kconst[0][2 * L.t + 1][2];
   }
   // The K operands are dequantized in place: (x - 1024) / f s + z per element.
-  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&, const uint8_t*, bool) {}
+  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&,
+                                              const uint8_t* const (&)[T::HP], bool) {}
   __device__ __forceinline__ void publish(SharedStorage<T>&, const Lane&, bool) {}
   __device__ __forceinline__ void dequantize(const Lane& L, const uint8_t* par, uint32_t (&a)[8][4]) const {
     const __half2* row = reinterpret_cast<const __half2*>(par) + ((16 * L.warp) / T::G) * kD;
@@ -485,8 +547,8 @@ struct KDequant {
         a[kt][r] = pack_f16x2(fmaf(v.x, s0.x / f, s0.y - kKBias * s0.x / f), fmaf(v.y, s1.x / f, s1.y - kKBias * s1.x / f));
       }
   }
-  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4]) {
-    const uint64_t base = b_tile_desc(smem_u32(s.q_tile[0][0]));
+  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4], int hp) {
+    const uint64_t base = b_tile_desc(smem_u32(s.q_tile[0][hp][0]));
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt)
       wgmma_m64n8k16<true>(acc[0], a[kt][0], a[kt][1], a[kt][2], a[kt][3], base + kt * (kBTileBytes >> 4));
@@ -532,27 +594,25 @@ __device__ __forceinline__ void k_operands(const uint8_t* tile, int lane, uint32
   }
 }
 
-// The query heads of an item's KV head: fp32 in shared memory (zero rows past the ratio), bf16
-// B tiles for the BF16 tail, then the K side's setup and constants.
+// The query heads of an item's KV heads, column n query head w.h * ratio + n: fp32 in shared
+// memory (zero rows past cols), bf16 B tiles for the BF16 tail, then the K side's setup and
+// constants.
 template <class T, class KSide>
 __device__ __forceinline__ void load_query(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
                                            KSide& ks) {
   const QSlice qs(L.tid);
   float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (qs.n < p.ratio) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p.q + ((size_t)w.b * p.num_q_heads + w.h * p.ratio + qs.n) * kD + qs.d0);
+  uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+  if (qs.n < p.cols) {
+    raw = *reinterpret_cast<const uint4*>(p.q + ((size_t)w.b * p.num_q_heads + w.h * p.ratio + qs.n) * kD + qs.d0);
     const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float2 f = unpack_bf16x2(u[j]);
       x[2 * j] = f.x, x[2 * j + 1] = f.y;
     }
-    if constexpr (T::kHasTail) {  // bf16 q for the tail's products (exact: q is bf16)
-      *reinterpret_cast<uint4*>(s.qt_tile[0] + qs.tile_offset()) = raw;
-    }
-  } else if constexpr (T::kHasTail) {
-    *reinterpret_cast<uint4*>(s.qt_tile[0] + qs.tile_offset()) = make_uint4(0u, 0u, 0u, 0u);
   }
+  if constexpr (T::kHasTail) store_b_row<T>(p, s.qt_tile, qs, raw);  // bf16 q for the tail (exact: q is bf16)
 #pragma unroll
   for (int j = 0; j < 8; ++j) s.q32[qs.n][qs.d0 + j] = x[j];
   __syncwarp();
@@ -562,9 +622,10 @@ __device__ __forceinline__ void load_query(const DecodeParams& p, SharedStorage<
   ks.load_constants(s, L);
 }
 
-// The S side of an item's chunk loop, shared by both consumers: the ring's stages counted from
-// the current chunk, chunk c's S operands (the B tile when a token group starts, the A operands
-// of warp w's 16-token tile), the first chunk's S, and a chunk's masked scores.
+// The S side of an item's chunk loop: the ring's stages counted from the current chunk (a
+// chunk is T::HP stages, one per KV head of the item), chunk c's S operands (the B tiles when a
+// token group starts, the A operands of warp w's 16-token tile of one head), the first chunk's
+// S, and a chunk's masked scores.
 template <class T, class KSide>
 struct SStream {
   const DecodeParams& p;
@@ -572,41 +633,62 @@ struct SStream {
   const Lane& L;
   const WorkItem& w;
   KSide& ks;
-  const int& it;       // chunks consumed by this CTA before the current one
+  const int& it;       // stages consumed by this CTA before the current chunk
   uint32_t a[8][4];    // the S operands prepared last
 
-  __device__ __forceinline__ const uint8_t* stage(int k) const { return s.ring[(it + k) % T::kStages]; }
-  __device__ __forceinline__ void wait(int k) const {
-    mbar_wait(&s.full[(it + k) % T::kStages], ((it + k) / T::kStages) & 1);
+  // Head hp's stage of the chunk k after the current one.
+  __device__ __forceinline__ const uint8_t* stage(int k, int hp = 0) const {
+    return s.ring[(it + k * T::HP + hp) % T::kStages];
   }
-  // Before the wgmma fence.
-  __device__ __forceinline__ void prepare(int k, int c) {
-    const uint8_t* st = stage(k);
-    const uint8_t* k_par = st + 2 * T::kCodeBytes;
+  __device__ __forceinline__ void wait(int k) const {
+#pragma unroll
+    for (int hp = 0; hp < T::HP; ++hp) {
+      const int i = it + k * T::HP + hp;
+      mbar_wait(&s.full[i % T::kStages], (i / T::kStages) & 1);
+    }
+  }
+  // Head hp's S operands of chunk k (chunk index c); before the wgmma fence. The first head's
+  // call rebuilds the B tiles of every head when a token group starts.
+  __device__ __forceinline__ void prepare(int k, int c, int hp) {
     const bool group_starts = c == w.chunk_begin || (c * kChunk) % T::G == 0;
-    if (!FOSCAR_EARLY_WAIT) ks.begin_chunk(p, s, L, k_par, group_starts);
+    const uint8_t* st = stage(k, hp);
+    if (hp == 0) {
+      const uint8_t* k_par[T::HP];
+#pragma unroll
+      for (int h = 0; h < T::HP; ++h) k_par[h] = stage(k, h) + 2 * T::kCodeBytes;
+      ks.begin_chunk(p, s, L, k_par, group_starts);
+    }
     k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
-    if (FOSCAR_EARLY_WAIT) ks.begin_chunk(p, s, L, k_par, group_starts);  // lab: the loads first
-    if constexpr (T::DEQ) ks.dequantize(L, k_par, a);
-    ks.publish(s, L, group_starts);
+    if constexpr (T::DEQ) ks.dequantize(L, st + 2 * T::kCodeBytes, a);
+    if (hp == 0) ks.publish(s, L, group_starts);
+  }
+  // Head hp's wgmmas, accumulating into ks.acc (zeroed before the first head's).
+  __device__ __forceinline__ void issue(int hp) {
+    pin_operands(a);
+    pin_accumulators(ks.acc);
+    wgmma_fence();
+    ks.issue(s, L, a, hp);
+    wgmma_commit();
+  }
+  __device__ __forceinline__ void complete() {
+    wgmma_wait<0>();
+    pin_accumulators(ks.acc);
   }
   // S of the item's first chunk, completed.
   __device__ __forceinline__ void first() {
     if (w.chunk_end == w.chunk_begin) return;
     wait(0);
-    prepare(0, w.chunk_begin);
-    pin_operands(a);
     zero_accumulators(ks.acc);
-    pin_accumulators(ks.acc);
-    wgmma_fence();
-    ks.issue(s, L, a);
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin_accumulators(ks.acc);
+#pragma unroll
+    for (int hp = 0; hp < T::HP; ++hp) {
+      prepare(0, w.chunk_begin, hp);
+      issue(hp);
+      complete();
+    }
   }
   // Log2-domain scores of chunk c (its S completed), -inf past the packed length.
   __device__ __forceinline__ void scores(int c, float (&x)[4]) const {
-    ks.scores(s, L, stage(0) + 2 * T::kCodeBytes, x);
+    ks.scores(s, L, stage(0, L.hp) + 2 * T::kCodeBytes, x);
     const int tok0 = c * kChunk;
     if (tok0 + kChunk > w.packed_len) {
 #pragma unroll
@@ -638,13 +720,13 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   // the l; then thread tid sums channel tid of every head over the splits with independent loads. (Each thread
   // reading every (m, l) itself, with the loads in a chain, cost ~35 us at batch 1 and 128K,
   // where the last CTA of a KV head merges 49 splits while the rest of the GPU waits.)
-  const int S = p.num_splits, n = p.ratio * S;  // at most 8 x 128 (foscar_dispatch.h)
+  const int S = p.num_splits, n = p.cols * S;  // at most 8 x 128 (foscar_dispatch.h)
   float* wgt = &s.merge[0][0][0];  // [head][split]
   static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 heads x 128 splits");
   const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // head hd, split sp: row0 + hd S + sp
   for (int i = L.tid; i < n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + (row0 + i) * 2);
   named_barrier(kConsumerBarrier, kConsumerThreads);
-  for (int hd = L.warp; hd < p.ratio; hd += 4) {
+  for (int hd = L.warp; hd < p.cols; hd += 4) {
     float mx = kNegInf;
     for (int sp = L.lane; sp < S; sp += 32) mx = fmaxf(mx, wgt[hd * S + sp]);
     mx = reduce_lanes<32, true>(mx);
@@ -667,11 +749,11 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   for (int sp = 0; sp < S; ++sp) {
 #pragma unroll
     for (int hd = 0; hd < kN; ++hd)
-      if (hd < p.ratio) acc[hd] = fmaf(wgt[hd * S + sp], __ldcg(p.ws_o + (row0 + hd * S + sp) * kD + c), acc[hd]);
+      if (hd < p.cols) acc[hd] = fmaf(wgt[hd * S + sp], __ldcg(p.ws_o + (row0 + hd * S + sp) * kD + c), acc[hd]);
   }
 #pragma unroll
   for (int hd = 0; hd < kN; ++hd)
-    if (hd < p.ratio) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
+    if (hd < p.cols) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
   named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
 }
 
@@ -681,10 +763,10 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
 
 namespace foscar {
 
-template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
-__global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ>::kCtasPerSm)
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+__global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kCtasPerSm)
     foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
-  using T = DecodeTraits<BITS, G, KCH, VCH, DEQ>;
+  using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
   SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(dynamic_smem());
   if (threadIdx.x == 0) {
     for (int i = 0; i < T::kStages; ++i) {

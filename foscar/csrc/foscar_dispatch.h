@@ -3,8 +3,9 @@
 // emulator runs exactly the instances the GPU library builds.
 //
 // A launcher is a type with
-//   template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
+//   template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
 //   static int run(const FoscarDecodeArgs&, void* stream);
+// HP, the KV heads per work item, is the launch's kv_heads_per_item (the planner's choice).
 #pragma once
 
 #include <string>
@@ -34,6 +35,13 @@ inline int check_args(const FoscarDecodeArgs& a) {
                    std::to_string(a.num_kv_heads);
     return 2;
   }
+  if (a.kv_heads_per_item != 1 &&
+      a.kv_heads_per_item != max_kv_heads_per_item(a.num_q_heads / a.num_kv_heads, a.num_kv_heads)) {
+    last_error() = "kv_heads_per_item " + std::to_string(a.kv_heads_per_item) + " is not possible for " +
+                   std::to_string(a.num_q_heads) + " query heads over " + std::to_string(a.num_kv_heads) +
+                   " KV heads in this build; expected 1 or foscar_kv_heads_per_item()";
+    return 2;
+  }
   if (a.page_size % 64) {
     last_error() = "page_size " + std::to_string(a.page_size) + " is not a multiple of 64";
     return 2;
@@ -45,14 +53,21 @@ inline int check_args(const FoscarDecodeArgs& a) {
   return 0;
 }
 
+template <class Launch, int BITS, int G, bool KCH, bool VCH, bool DEQ>
+int dispatch_heads(const FoscarDecodeArgs& a, void* s) {
+  if (FOSCAR_PAIR_HEADS && a.kv_heads_per_item == 2)
+    return Launch::template run<BITS, G, KCH, VCH, DEQ, FOSCAR_PAIR_HEADS ? 2 : 1>(a, s);
+  return Launch::template run<BITS, G, KCH, VCH, DEQ, 1>(a, s);
+}
+
 template <class Launch, int BITS, int G, bool KCH, bool VCH>
 int dispatch_modes(const FoscarDecodeArgs& a, void* s) {
   if (a.dequant) {
-    if constexpr (KCH && !VCH) return Launch::template run<BITS, G, KCH, VCH, true>(a, s);
+    if constexpr (KCH && !VCH) return dispatch_heads<Launch, BITS, G, KCH, VCH, true>(a, s);
     last_error() = "the dequantize-first ablation is built for K channel-wise, V token-wise only";
     return 2;
   }
-  return Launch::template run<BITS, G, KCH, VCH, false>(a, s);
+  return dispatch_heads<Launch, BITS, G, KCH, VCH, false>(a, s);
 }
 
 template <class Launch, int BITS, int G>

@@ -17,14 +17,14 @@ std::string& last_error() {
 }
 
 struct EmuLaunch {
-  template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
   static int run(const FoscarDecodeArgs& a, void*) {
-    using T = DecodeTraits<BITS, G, KCH, VCH, DEQ>;
+    using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
     const DecodeParams p = make_params(a);
     const unsigned threads = T::kThreads;
     // One host thread per CUDA thread for the whole grid: they run the CTAs one after another
     // and meet at the CTA's barrier between two (shared memory is reused, as on a GPU).
-    foscar_emu::Cta cta(threads, decode_smem_bytes<BITS, G, KCH, VCH, DEQ>());
+    foscar_emu::Cta cta(threads, decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP>());
     std::vector<std::thread> lanes;
     lanes.reserve(threads);
     for (unsigned t = 0; t < threads; ++t) {
@@ -36,7 +36,7 @@ struct EmuLaunch {
         c.cta = &cta;
         for (int x = 0; x < a.num_ctas; ++x) {
           c.block_idx = {static_cast<unsigned>(x), 0, 0};
-          foscar_decode_kernel<BITS, G, KCH, VCH, DEQ>(p);
+          foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP>(p);
           cta.bar.arrive_and_wait();
         }
       });
@@ -59,4 +59,9 @@ extern "C" FOSCAR_EXPORT const char* foscar_emu_last_error(void) { return foscar
 extern "C" FOSCAR_EXPORT int foscar_emu_ctas_per_sm(int bits) {
   return bits == 2 ? foscar::DecodeTraits<2, 128, true, false, false>::kCtasPerSm
                    : foscar::DecodeTraits<4, 128, true, false, false>::kCtasPerSm;
+}
+
+extern "C" FOSCAR_EXPORT int foscar_emu_kv_heads_per_item(int num_q_heads, int num_kv_heads) {
+  return num_kv_heads > 0 && num_q_heads % num_kv_heads == 0
+             ? foscar::max_kv_heads_per_item(num_q_heads / num_kv_heads, num_kv_heads) : 1;
 }

@@ -11,10 +11,14 @@
 namespace foscar {
 
 struct CudaLaunch {
-  template <int BITS, int G, bool KCH, bool VCH, bool DEQ>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
   static int run(const FoscarDecodeArgs& a, void* stream_ptr) {
-    auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ>;
-    constexpr int smem = decode_smem_bytes<BITS, G, KCH, VCH, DEQ>();
+    auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP>;
+    constexpr int smem = decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP>();
+    // The CTAs per SM the kernel is made for must fit an SM's 228 KB of shared memory (1 KB of
+    // each CTA's is the system's), or occupancy drops without a word (docs/PERFORMANCE.md).
+    static_assert(DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kCtasPerSm * (smem + 1024) <= 228 * 1024,
+                  "this build's ring does not let kCtasPerSm CTAs share an SM: fewer stages");
     const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
     // This library links its own CUDA runtime, whose current device is not the caller's:
     // set it from the tensors' device, and raise the shared-memory limit once per device.
@@ -50,7 +54,7 @@ struct CudaLaunch {
     }
     (void)cudaGetLastError();  // report only what this launch causes
     const DecodeParams p = make_params(a);
-    using T = DecodeTraits<BITS, G, KCH, VCH, DEQ>;
+    using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
     kernel<<<a.num_ctas, T::kThreads, smem, stream>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess) {

@@ -42,11 +42,17 @@ def elems_of(meta: dict) -> float | None:
 
 
 def decode_kernel_regex(case: Any, dequant: bool) -> str:
-    """Mangled-name regex of foscar_decode_kernel<bits, head_dim, group, kch, vch, deq>."""
+    """Mangled-name regex of the foscar_decode_kernel<bits, group, kch, vch, deq, heads> that
+    runs `case` (heads: KV heads per item, as foscar.kernels plans them)."""
+    from foscar.kernels import planned_kv_heads_per_item
+
     b = lambda flag: "1" if flag else "0"  # noqa: E731 - Itanium mangling of bool template args
+    ratio = case.num_q_heads // case.num_kv_heads
+    can_pair = ratio in (2, 4) and case.num_kv_heads % 2 == 0
+    heads = planned_kv_heads_per_item(case.batch, case.num_kv_heads, 2 if can_pair else 1)
     return (
-        f"foscar_decode_kernelILi{case.bits}ELi{case.head_dim}ELi{case.group_size}E"
-        f"Lb{b(case.k_mode == 'channel')}ELb{b(case.v_mode == 'channel')}ELb{b(dequant)}E"
+        f"foscar_decode_kernelILi{case.bits}ELi{case.group_size}E"
+        f"Lb{b(case.k_mode == 'channel')}ELb{b(case.v_mode == 'channel')}ELb{b(dequant)}ELi{heads}E"
     )
 
 

@@ -48,6 +48,6 @@ def _label(name: str) -> str:
     args = decode_template_args(name)
     if args is None:
         return name.replace("foscar::", "")
-    bits, group, kch, vch, deq = args
+    bits, group, kch, vch, deq, heads = args
     mode = lambda flag: "channel" if flag else "token"  # noqa: E731
     return f"decode int{bits} g{group} K {mode(kch)} V {mode(vch)}{' (dequant)' if deq else ''}"

@@ -103,8 +103,8 @@ def test_build_key_follows_the_flags(monkeypatch):
 
 
 def test_decode_kernel_names_parse_to_their_template_arguments():
-    name = "void foscar::foscar_decode_kernel<2, 64, true, false, true>(foscar::DecodeParams)"
-    assert build.decode_template_args(name) == (2, 64, 1, 0, 1)
+    name = "void foscar::foscar_decode_kernel<2, 64, true, false, true, 2>(foscar::DecodeParams)"
+    assert build.decode_template_args(name) == (2, 64, 1, 0, 1, 2)
     assert build.decode_template_args("void at::native::vectorized_elementwise_kernel<4>(int)") is None
 
 
@@ -121,8 +121,11 @@ def test_build_reports_each_decode_kernels_shared_memory():
     import ctypes
 
     lib = ctypes.CDLL(str(result.so_path))
-    assert lib.foscar_decode_smem_bytes(4, 128, 0, 0, 1) == -1
-    assert lib.foscar_decode_smem_bytes(3, 128, 1, 0, 0) == -1
+    assert lib.foscar_decode_smem_bytes(4, 128, 0, 0, 1, 1) == -1
+    assert lib.foscar_decode_smem_bytes(3, 128, 1, 0, 0, 1) == -1
+    assert lib.foscar_decode_smem_bytes(4, 128, 1, 0, 0, 3) == -1
+    # Paired kernels (two KV heads per item) exist for every mode, with a deeper ring.
+    assert lib.foscar_decode_smem_bytes(4, 128, 1, 0, 0, 2) > lib.foscar_decode_smem_bytes(4, 128, 1, 0, 0, 1)
 
 
 @pytest.mark.parametrize("splits", [0, 129, True, 2.0])
@@ -134,3 +137,31 @@ def test_a_forced_split_count_outside_what_the_merge_holds_is_refused(splits):
     with pytest.raises(ValueError, match="num_splits"):
         kernels.launch_args(q, cache, torch.empty_like(q), sm_scale=None, variant="fold", num_splits=splits,
                             num_sms=132, ctas_per_sm=3, workspace=lambda *n: None)
+
+
+def test_kv_heads_pair_only_where_the_batch_gives_enough_items():
+    # Paired items halve the items per split; a small batch would split each sequence twice
+    # as finely (measured slower at batch 1), so the planner pairs from PAIR_MIN_KV_ROWS rows on.
+    rows = kernels.PAIR_MIN_KV_ROWS
+    assert kernels.planned_kv_heads_per_item(1, 8, 2) == 1
+    assert kernels.planned_kv_heads_per_item(rows // 8, 8, 2) == 2
+    assert kernels.planned_kv_heads_per_item(rows // 8 - 1, 8, 2) == 1
+    assert kernels.planned_kv_heads_per_item(128, 8, 1) == 1  # ratio 1 or 8: the library cannot pair
+
+
+@pytest.mark.parametrize("batch,max_chunks", [(128, 512), (8, 2048), (32, 64)])
+def test_a_paired_plan_counts_items_of_two_heads(batch, max_chunks):
+    plan = kernels.plan_launch(batch, 8, max_chunks, num_sms=132, ctas_per_sm=3, kv_heads_per_item=2)
+    assert plan.num_splits * plan.chunks_per_split >= max_chunks
+    assert (plan.num_splits - 1) * plan.chunks_per_split < max_chunks
+    assert 1 <= plan.num_ctas <= min(132 * 3, batch * 4 * plan.num_splits)
+
+
+def test_a_pairing_the_head_layout_does_not_allow_is_refused():
+    k = torch.randn(1, 256, 2, 128, dtype=torch.bfloat16)
+    cache = foscar.quantize(k, k.clone(), [256], QuantConfig(bits=4, group_size=128, page_size=128))
+    q = torch.randn(1, 16, 128, dtype=torch.bfloat16)  # 8 query heads per KV head: one head per item
+    with pytest.raises(ValueError, match="kv_heads_per_item=2"):
+        kernels.launch_args(q, cache, torch.empty_like(q), sm_scale=None, variant="fold", num_splits=None,
+                            num_sms=132, ctas_per_sm=3, workspace=lambda *n: None, max_kv_heads_per_item=1,
+                            kv_heads_per_item=2)

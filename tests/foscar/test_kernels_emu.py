@@ -95,6 +95,44 @@ def test_forced_splits_and_many_sequences(bits, k_mode, v_mode):
 
 
 @pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("k_mode,v_mode", MODES)
+@pytest.mark.parametrize("ratio", [2, 4])
+def test_paired_heads_match_reference(bits, k_mode, v_mode, ratio):
+    # At 2 or 4 query heads per KV head an item holds two KV heads (kv_heads_per_item): their
+    # queries share S's columns, their V products one accumulator. Four KV heads (two pairs),
+    # several sequences with tails, the plan's splits and forced ones.
+    assert emu.load().foscar_emu_kv_heads_per_item(4 * ratio, 4) == 2
+    group = RNG.choice([32, 64, 128])
+    seed, config, lens, _, _ = _case(bits, group, k_mode, v_mode, batch=2, ratio=ratio)
+    q, cache = _data(config, lens, 4, ratio, seed)
+    for splits in (None, 3):
+        err = _error(q, cache, lens, num_splits=splits, kv_heads_per_item=2)
+        assert err <= TOLERANCE, f"seed={seed} G={group} lens={lens} splits={splits}: {err:.2e}"
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("k_mode,v_mode", [("channel", "token"), ("token", "channel")])
+def test_paired_heads_keep_their_own_maxima(bits, k_mode, v_mode):
+    # The two heads of an item share each warp's vote on a new maximum: the second head's keys
+    # grow along the sequence (its maximum rises chunk after chunk) while the first head's stay
+    # flat and 8x larger, so a rescale of one head's columns must leave the other's alone.
+    config = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
+    seed = RNG.randrange(1 << 30)
+    gen = torch.Generator().manual_seed(seed)
+    lens = [3000, 900]
+    k = torch.randn(2, 3000, 2, 128, generator=gen)
+    k[:, :, 0] *= 8.0
+    k[:, :, 1] *= torch.linspace(0.25, 3.0, 3000)[None, :, None]
+    v = torch.randn(2, 3000, 2, 128, generator=gen)
+    v[:, :, 1] += 3.0  # distinct heads: a swap of the V blocks would show
+    q = torch.randn(2, 8, 128, generator=gen).to(torch.bfloat16)
+    cache = foscar.quantize(k.to(torch.bfloat16), v.to(torch.bfloat16), lens, config, shuffle_pages=True, seed=seed)
+    for splits in (1, None):
+        err = _error(q, cache, lens, num_splits=splits, kv_heads_per_item=2)
+        assert err <= TOLERANCE, f"seed={seed} splits={splits}: {err:.2e}"
+
+
+@pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize("k_mode,v_mode", [("channel", "token"), ("token", "channel")])
 def test_long_context_flushes_and_late_maxima(bits, k_mode, v_mode):
     # One split over 5000 tokens: the consumer runs past several folds of its accumulator into
@@ -144,7 +182,7 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
 @pytest.mark.parametrize("knobs", [
     ("-DFOSCAR_STAGES_INT4=2", "-DFOSCAR_STAGES_INT2=2"),
     ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6"),
-    ("-DFOSCAR_EARLY_WAIT=1",),  # the K operands of the last chunk built from a stage that may be empty
+    ("-DFOSCAR_PAIR_HEADS=0",),  # one KV head per item at every ratio (the lab's baseline)
 ])
 def test_build_knobs_compute_the_same_function(knobs):
     # The lab's variants (ring depth: a ring of 2 stages makes the producer wait on every chunk;

@@ -39,7 +39,7 @@ def _case(bits, group, k_mode, v_mode, *, batch=None, ratio=None, seed=None):
     return seed, config, lens, num_kv_heads, ratio
 
 
-def _run(config, lens, num_kv_heads, ratio, seed, variant="fold", num_splits=None, shuffle=True):
+def _run(config, lens, num_kv_heads, ratio, seed, variant="fold", num_splits=None, shuffle=True, kv_heads_per_item=None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     batch, dim, max_len = len(lens), 128, max(lens)
     k = torch.randn(batch, max_len, num_kv_heads, dim, device="cuda", generator=gen).to(torch.bfloat16)
@@ -49,7 +49,7 @@ def _run(config, lens, num_kv_heads, ratio, seed, variant="fold", num_splits=Non
     q = torch.randn(batch, num_kv_heads * ratio, dim, device="cuda", generator=gen).to(torch.bfloat16)
     cache = foscar.quantize(k, v, lens, config, shuffle_pages=shuffle, seed=seed)
     out = torch.full_like(q, float("nan"))  # poison: an element never written fails
-    foscar.decode(q, cache, out=out, variant=variant, num_splits=num_splits)
+    foscar.decode(q, cache, out=out, variant=variant, num_splits=num_splits, kv_heads_per_item=kv_heads_per_item)
     torch.cuda.synchronize()
     kd, vd = foscar.dequantize(cache, dtype=torch.float64)
     ref = attention_f64(q, kd, vd, lens)
@@ -77,6 +77,19 @@ def test_batch_129_and_forced_splits(bits, k_mode, v_mode):
     for splits in (1, 3):
         err = _run(config, lens, hkv, ratio, seed, num_splits=splits)
         assert err <= TOLERANCE, f"seed={seed} splits={splits}: {err:.2e}"
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("k_mode,v_mode", MODES)
+@pytest.mark.parametrize("ratio", [2, 4])
+def test_paired_heads_match_reference(bits, k_mode, v_mode, ratio):
+    # Two KV heads per item at 2 or 4 query heads per KV head (kv_heads_per_item): four KV
+    # heads, tails, the plan's splits and forced ones.
+    group = RNG.choice([32, 64, 128])
+    seed, config, lens, _, _ = _case(bits, group, k_mode, v_mode, batch=3, ratio=ratio)
+    for splits in (None, 3):
+        err = _run(config, lens, 4, ratio, seed, num_splits=splits, kv_heads_per_item=2)
+        assert err <= TOLERANCE, f"seed={seed} G={group} lens={lens} splits={splits}: {err:.2e}"
 
 
 @pytest.mark.parametrize("bits", [4, 2])
