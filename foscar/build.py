@@ -26,9 +26,10 @@ NVCC_FLAGS = ("-std=c++17", "-O3", "--use_fast_math", "-Xptxas", "-v", "-Xcompil
               "-Xcompiler", "-fvisibility=hidden")
 DEFAULT_ARCH = "sm_90a"
 
-# What one trip of each decode kernel's main loop consumes, per consumer thread: a chunk of 64
-# tokens x 128 channels of K and of V, shared by the 128 threads of the consumer warpgroup.
-# The instruction analysis divides its loop counts by this.
+# What one trip of each decode kernel's main loop consumes, per consumer thread and KV head of
+# the item: a chunk of 64 tokens x 128 channels of K and of V, shared by the 128 threads of the
+# consumer warpgroup (a paired kernel's trip takes the chunk of both its heads). The
+# instruction analysis divides its loop counts by this.
 KV_ELEMS_PER_LOOP_ITER_PER_THREAD = 64 * 128 * 2 // 128
 
 
@@ -89,7 +90,9 @@ class BuildResult:
         for res in self.resources:
             entry = asdict(res)
             if "decode_kernel" in res.name:
-                entry["kv_elems_per_iter_per_thread"] = KV_ELEMS_PER_LOOP_ITER_PER_THREAD
+                args = decode_template_args(res.name)
+                heads = args[5] if args else 1
+                entry["kv_elems_per_iter_per_thread"] = KV_ELEMS_PER_LOOP_ITER_PER_THREAD * heads
             meta[res.name] = entry
         return meta
 

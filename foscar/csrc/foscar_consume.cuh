@@ -537,11 +537,11 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       } else {
         if (!last) ss.prepare(1, c + 1, 0);
         ss.issue(0);
-        vs.template pv<0, 2>(s, L, v_blk, v_par, group_ends);
+        vs.template pv<0, FOSCAR_PV_SPLIT>(s, L, v_blk, v_par, group_ends);
         ss.complete();
         if (!last) ss.prepare(1, c + 1, 1);
         ss.issue(1);
-        vs.template pv<2, 4>(s, L, v_blk, v_par, group_ends);
+        vs.template pv<FOSCAR_PV_SPLIT, 4>(s, L, v_blk, v_par, group_ends);
         ss.complete();
       }
       __syncwarp();

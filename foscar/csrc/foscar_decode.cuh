@@ -134,6 +134,11 @@ constexpr float kZeroScaleStandIn = 1.0f;
 #ifndef FOSCAR_STAGES_INT2
 #define FOSCAR_STAGES_INT2 6
 #endif
+// Lab: the 32-channel V slices of a paired trip's PV run while its first head's S is in flight
+// (the rest while the second's is).
+#ifndef FOSCAR_PV_SPLIT
+#define FOSCAR_PV_SPLIT 2
+#endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
 #define FOSCAR_PAIR_STAGES_INT4 6

@@ -8,11 +8,15 @@ How the main loop is found (no GPU, no source changes needed):
 - candidates are the loops holding tensor instructions (HMMA/HGMMA/...), ranked by
   1. whether their tensor instructions cover a whole multiple k of the KV elements one
      trip consumes (the caller's `elems_per_iter_per_thread`; k is ptxas's unroll),
-  2. tensor instructions of their own (outside nested loops): a page loop around a tile
+  2. warpgroup MMAs (HGMMA, ...) of their own and no tensor work in nested loops: a wgmma main loop
+     beats an mma.sync tail loop with as much tensor work and the item loop around it (which
+     may own more tensor instructions: the first chunk's S), even when a rarely taken loop (a
+     per-group rebuild) nests inside it,
+  3. tensor instructions of their own (outside nested loops): a page loop around a tile
      loop owns none, a pipelined body beats its remainder loop, and an outer loop whose
      inner loops ptxas left rolled beats those inner loops,
-  3. no nested loops at all, 4. LOP3s of their own (unpacking codes costs LOP3s; a BF16
-     tail loop with as much tensor work has few), 5. the smaller body;
+  4. no nested loops at all, 5. LOP3s of their own (unpacking codes costs LOP3s; a BF16
+     tail loop with as much tensor work has few), 6. the smaller body;
 - without any tensor instruction in a loop, the largest loop.
 Rivals ranked level on 1-2, nested loops and a metadata mismatch are reported as notes.
 A kernel may fix the choice with markers: `asm volatile("pmevent 0;")` before the main
@@ -264,9 +268,11 @@ class LoopScore:
     nested: int  # loops whose address range lies inside this one
     tensor_elems: float | None  # KV elements per thread the body's tensor instructions cover
     unroll: float | None  # tensor_elems / elems_per_iter_per_thread, when whole
+    innermost_wgmma: bool = False  # owns warpgroup MMAs, and every tensor instruction of its body
 
     def key(self) -> tuple:
-        return (self.unroll is not None, self.own_tensor, self.nested == 0, self.own_lop3, -self.size)
+        return (self.unroll is not None, self.innermost_wgmma, self.own_tensor, self.nested == 0, self.own_lop3,
+                -self.size)
 
 
 def score_loops(func: Function, elems_per_iter_per_thread: float | None = None,
@@ -283,10 +289,19 @@ def score_loops(func: Function, elems_per_iter_per_thread: float | None = None,
         if elems and elems_per_iter_per_thread:
             ratio = elems / elems_per_iter_per_thread
             unroll = round(ratio) if ratio >= 1 and abs(ratio - round(ratio)) < 1e-6 else None
-        out.append(LoopScore(lp, len(tensor), sum(i.info.cls == "tensor" for i in own),
+        inner = [o for o in loops if lp.contains(o)]
+        own_tensor = sum(i.info.cls == "tensor" for i in own)
+        # Its own warpgroup MMAs and all of its tensor work its own (the address ranges of
+        # ptxas's rotated item loops overlap the main loop's without nesting it).
+        innermost_wgmma = any(_is_wgmma(i) for i in own) and own_tensor == len(tensor)
+        out.append(LoopScore(lp, len(tensor), own_tensor,
                              sum(i.opcode == "LOP3" for i in own), len(ins),
-                             sum(lp.contains(o) for o in loops), elems, unroll))
+                             len(inner), elems, unroll, innermost_wgmma))
     return out
+
+
+def _is_wgmma(ins: Instruction) -> bool:
+    return ins.info.cls == "tensor" and ins.opcode.endswith("GMMA")  # HGMMA, IGMMA, QGMMA, BGMMA
 
 
 def candidate_loops(func: Function, elems_per_iter_per_thread: float | None = None, *,

@@ -183,14 +183,17 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
     ("-DFOSCAR_STAGES_INT4=2", "-DFOSCAR_STAGES_INT2=2"),
     ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6"),
     ("-DFOSCAR_PAIR_HEADS=0",),  # one KV head per item at every ratio (the lab's baseline)
+    ("-DFOSCAR_PV_SPLIT=1",),  # a paired trip's V slices split 1 / 3 between its two S groups
 ])
 def test_build_knobs_compute_the_same_function(knobs):
     # The lab's variants (ring depth: a ring of 2 stages makes the producer wait on every chunk;
-    # CTAs per SM change the plan and the register split) must compute the same function.
+    # CTAs per SM change the plan and the register split) must compute the same function, on
+    # paired items where the build pairs (two KV heads at 4 query heads each).
+    heads = 1 if "-DFOSCAR_PAIR_HEADS=0" in knobs else 2
     for bits in (4, 2):
-        seed, config, lens, hkv, ratio = _case(bits, 128, RNG.choice(["channel", "token"]), "token", batch=2)
-        q, cache = _data(config, lens, hkv, ratio, seed)
-        err = _error(q, cache, lens, defines=knobs)
+        seed, config, lens, _, ratio = _case(bits, 128, RNG.choice(["channel", "token"]), "token", batch=2, ratio=4)
+        q, cache = _data(config, lens, 2, ratio, seed)
+        err = _error(q, cache, lens, defines=knobs, kv_heads_per_item=heads)
         assert err <= TOLERANCE, f"seed={seed} bits={bits} knobs={knobs}: {err:.2e}"
 
 

@@ -139,3 +139,37 @@ def test_nvcc_cuobjdump_probe(tmp_path):
     assert kv.by_class["tensor"] == 1 and kv.by_opcode["LOP3"] == 4
     assert kv.alu_per_elem == pytest.approx(1.0)
     assert results["probe_plain"].scope == "kernel"
+
+
+NESTED_REBUILD = """
+	code for sm_90a
+		Function : rebuild_demo
+        /*0000*/                    LDC R1, c[0x0][0x28] ;
+        /*0010*/                    LDS.128 R8, [R5] ;
+        /*0020*/                    LOP3.LUT R12, R8, 0xf000f, R4, 0xea, !PT ;
+        /*0030*/                    LOP3.LUT R13, R9, 0xf000f, R4, 0xea, !PT ;
+        /*0040*/                @P1 BRA 0x90 ;
+        /*0050*/                    LDS R20, [R6] ;
+        /*0060*/                    FMUL R20, R20, R21 ;
+        /*0070*/                    STS [R6], R20 ;
+        /*0080*/                @P2 BRA 0x50 ;
+        /*0090*/                    WARPGROUP.ARRIVE ;
+        /*00a0*/                    HGMMA.64x8x16.F32 R24, R12, gdesc[UR12], R24 ;
+        /*00b0*/                    HGMMA.64x8x16.F32 R24, R14, gdesc[UR12], R24, gsb0 ;
+        /*00c0*/                    WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*00d0*/                @P0 BRA 0x10 ;
+        /*00e0*/                    LDG.E R2, desc[UR4][R6.64] ;
+        /*00f0*/                    LOP3.LUT R12, R2, 0xf000f, R4, 0xea, !PT ;
+        /*0100*/                    HMMA.16816.F32.BF16 R24, R12, R16, R24 ;
+        /*0110*/                    HMMA.16816.F32.BF16 R28, R12, R18, R28 ;
+        /*0120*/                @P3 BRA 0xe0 ;
+        /*0130*/                    EXIT ;
+"""
+
+
+def test_a_wgmma_main_loop_beats_a_tail_loop_though_a_rebuild_loop_nests_in_it():
+    # The channel-wise-K kernels: the main loop (HGMMA) holds a rarely taken per-group rebuild
+    # loop; the BF16 tail loop after it does as much tensor work on mma.sync with no loop inside.
+    (f,) = parse_sass(NESTED_REBUILD)
+    assert Loop(0x50, 0x80) in find_loops(f) and Loop(0xE0, 0x120) in find_loops(f)
+    assert main_loop(f, 16) == Loop(0x10, 0xD0)
