@@ -139,6 +139,11 @@ constexpr float kZeroScaleStandIn = 1.0f;
 #ifndef FOSCAR_PV_SPLIT
 #define FOSCAR_PV_SPLIT 2
 #endif
+// Lab: a paired trip builds both heads' S operands first and issues their wgmmas as one group
+// with one wait (64 operand registers: with FOSCAR_CTAS_INT4/INT2=2), instead of two groups.
+#ifndef FOSCAR_PAIR_ONE_GROUP
+#define FOSCAR_PAIR_ONE_GROUP 0
+#endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
 #define FOSCAR_PAIR_STAGES_INT4 6
@@ -639,7 +644,10 @@ struct SStream {
   const WorkItem& w;
   KSide& ks;
   const int& it;       // stages consumed by this CTA before the current chunk
-  uint32_t a[8][4];    // the S operands prepared last
+  // The S operands prepared last: one head's, or (lab, FOSCAR_PAIR_ONE_GROUP) every head's.
+  static constexpr int kOperandSets = FOSCAR_PAIR_ONE_GROUP ? T::HP : 1;
+  uint32_t a[kOperandSets][8][4];
+  __device__ __forceinline__ uint32_t (&ops(int hp))[8][4] { return a[kOperandSets == 1 ? 0 : hp]; }
 
   // Head hp's stage of the chunk k after the current one.
   __device__ __forceinline__ const uint8_t* stage(int k, int hp = 0) const {
@@ -663,16 +671,20 @@ struct SStream {
       for (int h = 0; h < T::HP; ++h) k_par[h] = stage(k, h) + 2 * T::kCodeBytes;
       ks.begin_chunk(p, s, L, k_par, group_starts);
     }
-    k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
-    if constexpr (T::DEQ) ks.dequantize(L, st + 2 * T::kCodeBytes, a);
+    k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, ops(hp));
+    if constexpr (T::DEQ) ks.dequantize(L, st + 2 * T::kCodeBytes, ops(hp));
     if (hp == 0) ks.publish(s, L, group_starts);
   }
-  // Head hp's wgmmas, accumulating into ks.acc (zeroed before the first head's).
-  __device__ __forceinline__ void issue(int hp) {
-    pin_operands(a);
+  // The wgmmas of heads HP0 .. HP1 - 1 as one group, accumulating into ks.acc (zeroed before
+  // the first head's).
+  template <int HP0, int HP1>
+  __device__ __forceinline__ void issue() {
+#pragma unroll
+    for (int hp = HP0; hp < HP1; ++hp) pin_operands(ops(hp));
     pin_accumulators(ks.acc);
     wgmma_fence();
-    ks.issue(s, L, a, hp);
+#pragma unroll
+    for (int hp = HP0; hp < HP1; ++hp) ks.issue(s, L, ops(hp), hp);
     wgmma_commit();
   }
   __device__ __forceinline__ void complete() {
@@ -684,11 +696,20 @@ struct SStream {
     if (w.chunk_end == w.chunk_begin) return;
     wait(0);
     zero_accumulators(ks.acc);
+    if constexpr (kOperandSets == T::HP) {
 #pragma unroll
-    for (int hp = 0; hp < T::HP; ++hp) {
-      prepare(0, w.chunk_begin, hp);
-      issue(hp);
+      for (int hp = 0; hp < T::HP; ++hp) prepare(0, w.chunk_begin, hp);
+      issue<0, T::HP>();
       complete();
+    } else {  // one operand set, one head at a time
+      prepare(0, w.chunk_begin, 0);
+      issue<0, 1>();
+      complete();
+      if constexpr (T::HP == 2) {
+        prepare(0, w.chunk_begin, 1);
+        issue<1, 2>();
+        complete();
+      }
     }
   }
   // Log2-domain scores of chunk c (its S completed), -inf past the packed length.
