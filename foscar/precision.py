@@ -310,9 +310,11 @@ def v5_radix(bits: int, dim: int) -> np.ndarray:
 V5 = VArithmetic("v5: bf16 128 + f c, one chain per 64-token chunk", centred=False, chains=sequential_chains(64),
                  radix=v5_radix)
 
-# The arithmetic of the kernels in foscar/csrc (v7): V operands fp16 1024 + f c, every code at
-# f >= 16 (packing.py's schedule), p~ fp16; each warp's 16-token product (one k-step) starts from
-# zero and is folded into the fp32 output at once; the bias leaves through a sum of p~.
+# The arithmetic of the kernels in foscar/csrc (v7, and v8's paired items, whose second head's
+# k-step adds exact zeros to the first head's columns and the reverse: tests/foscar/test_tcmodel.py):
+# V operands fp16 1024 + f c, every code at f >= 16 (packing.py's schedule), p~ fp16; each warp's
+# 16-token product (one k-step) starts from zero and is folded into the fp32 output at once; the
+# bias leaves through a sum of p~.
 V7 = VArithmetic("v7: fp16 1024 + f c at f >= 16, each warp's 16-token product folded at once", centred=False,
                  chains=sequential_chains(16), operand="fp16")
 CURRENT = V7
