@@ -118,6 +118,19 @@ def print_table(rows: list[dict]) -> None:
               f"{num(r, 'frac_peak_datasheet', '7.1f', 100)}{num(r, 'rel_error', '10.2e')}")
 
 
+def parse_heads(text: str | None) -> list[int | None]:
+    """--heads-per-item: None (the planner's), or a comma list of 1 and 2."""
+    if not text:
+        return [None]
+    try:
+        heads = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--heads-per-item {text!r}: expected a comma list of 1 and 2, e.g. 1,2") from None
+    if any(h not in (1, 2) for h in heads):
+        raise SystemExit(f"--heads-per-item {text!r}: an item holds 1 or 2 KV heads")
+    return heads
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", action="append", default=[], help="NAME=KNOB[,KNOB...]")
@@ -130,6 +143,9 @@ def main() -> int:
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--splits", default=None,
                     help="comma list of split counts to force (each a variant of its own, NAME/sN); default: the plan's")
+    ap.add_argument("--heads-per-item", default=None,
+                    help="comma list of KV heads per item to force (1, 2), each a variant of its own, NAME/h1, "
+                         "NAME/h2; default: the planner's")
     ap.add_argument("--rounds", type=int, default=1, help="times the variants take turns (each a full measurement)")
     ap.add_argument("--profile", default=None, help="variant to run once per config for ncu")
     ap.add_argument("--json", default=None)
@@ -146,6 +162,7 @@ def main() -> int:
         raise SystemExit(f"--splits {args.splits!r}: expected a comma list of integers, e.g. 8,16,32") from None
     if any(n is not None and n < 1 for n in splits):
         raise SystemExit(f"--splits {args.splits!r}: split counts must be >= 1")
+    heads = parse_heads(args.heads_per_item)
     cases = {spec: make_case(args, spec) for spec in specs}  # a bad config fails before any build
 
     from baselines.foscar import FoscarVariant
@@ -158,9 +175,10 @@ def main() -> int:
     for spec in specs:
         case = cases[spec]
         kernel_variant = parse_config(spec)[3]
-        backends = [FoscarVariant(name if n is None else f"{name}/s{n}", case.bits, libs[name],
-                                  variant=kernel_variant, defines=defines, num_splits=n)
-                    for name, defines in variants for n in splits]
+        backends = [FoscarVariant(name + ("" if n is None else f"/s{n}") + ("" if h is None else f"/h{h}"),
+                                  case.bits, libs[name], variant=kernel_variant, defines=defines, num_splits=n,
+                                  kv_heads_per_item=h)
+                    for name, defines in variants for n in splits for h in heads]
         if args.profile:
             for backend in backends:
                 profile(case, backend, ctx, spec)
