@@ -94,6 +94,15 @@ def test_forced_splits_and_many_sequences(bits, k_mode, v_mode):
         assert err <= TOLERANCE, f"seed={seed} lens={lens} splits={splits}: {err:.2e}"
 
 
+def _check_one_and_planned_splits(bits, k_mode, v_mode, seed, q, k, v, lens, **kwargs):
+    """Long sequences (float keys and values), group 128: one split, then the plan's."""
+    config = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
+    cache = foscar.quantize(k.to(torch.bfloat16), v.to(torch.bfloat16), lens, config, shuffle_pages=True, seed=seed)
+    for splits in (1, None):
+        err = _error(q, cache, lens, num_splits=splits, **kwargs)
+        assert err <= TOLERANCE, f"seed={seed} splits={splits}: {err:.2e}"
+
+
 @pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize("k_mode,v_mode", MODES)
 @pytest.mark.parametrize("ratio", [2, 4])
@@ -116,20 +125,15 @@ def test_paired_heads_keep_their_own_maxima(bits, k_mode, v_mode):
     # The two heads of an item share each warp's vote on a new maximum: the second head's keys
     # grow along the sequence (its maximum rises chunk after chunk) while the first head's stay
     # flat and 8x larger, so a rescale of one head's columns must leave the other's alone.
-    config = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
     seed = RNG.randrange(1 << 30)
     gen = torch.Generator().manual_seed(seed)
-    lens = [3000, 900]
     k = torch.randn(2, 3000, 2, 128, generator=gen)
     k[:, :, 0] *= 8.0
     k[:, :, 1] *= torch.linspace(0.25, 3.0, 3000)[None, :, None]
     v = torch.randn(2, 3000, 2, 128, generator=gen)
     v[:, :, 1] += 3.0  # distinct heads: a swap of the V blocks would show
     q = torch.randn(2, 8, 128, generator=gen).to(torch.bfloat16)
-    cache = foscar.quantize(k.to(torch.bfloat16), v.to(torch.bfloat16), lens, config, shuffle_pages=True, seed=seed)
-    for splits in (1, None):
-        err = _error(q, cache, lens, num_splits=splits, kv_heads_per_item=2)
-        assert err <= TOLERANCE, f"seed={seed} splits={splits}: {err:.2e}"
+    _check_one_and_planned_splits(bits, k_mode, v_mode, seed, q, k, v, [3000, 900], kv_heads_per_item=2)
 
 
 @pytest.mark.parametrize("bits", [4, 2])
@@ -138,17 +142,12 @@ def test_long_context_flushes_and_late_maxima(bits, k_mode, v_mode):
     # One split over 5000 tokens: the consumer runs past several folds of its accumulator into
     # the output, and keys that grow along the sequence keep raising the running maximum (past
     # the lazy threshold) after them.
-    config = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
     seed = RNG.randrange(1 << 30)
     gen = torch.Generator().manual_seed(seed)
-    lens = [5000, 1500]
     k = torch.randn(2, 5000, 1, 128, generator=gen) * torch.linspace(0.5, 2.0, 5000)[None, :, None, None]
     v = torch.randn(2, 5000, 1, 128, generator=gen)
     q = torch.randn(2, 4, 128, generator=gen).to(torch.bfloat16)
-    cache = foscar.quantize(k.to(torch.bfloat16), v.to(torch.bfloat16), lens, config, shuffle_pages=True, seed=seed)
-    for splits in (1, None):
-        err = _error(q, cache, lens, num_splits=splits)
-        assert err <= TOLERANCE, f"seed={seed} splits={splits}: {err:.2e}"
+    _check_one_and_planned_splits(bits, k_mode, v_mode, seed, q, k, v, [5000, 1500])
 
 
 @pytest.mark.parametrize("bits", [4, 2])
