@@ -42,7 +42,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _label(name: str) -> str:
-    """'decode int4 g128 K channel V token' for a decode kernel; other names as they are."""
+    """'decode int4 g128 K channel V token' for a decode kernel (', 2 KV heads per item' for a
+    paired one); other names as they are."""
     from foscar.build import decode_template_args
 
     args = decode_template_args(name)
@@ -50,4 +51,5 @@ def _label(name: str) -> str:
         return name.replace("foscar::", "")
     bits, group, kch, vch, deq, heads = args
     mode = lambda flag: "channel" if flag else "token"  # noqa: E731
-    return f"decode int{bits} g{group} K {mode(kch)} V {mode(vch)}{' (dequant)' if deq else ''}"
+    pair = ", 2 KV heads per item" if heads == 2 else ""
+    return f"decode int{bits} g{group} K {mode(kch)} V {mode(vch)}{' (dequant)' if deq else ''}{pair}"

@@ -132,3 +132,11 @@ def test_env_json_is_valid_without_gpu(monkeypatch):
     assert "torch" in env["libraries"] and "flashinfer" in env["libraries"]
     text = runner.invoke(app, ["env"]).output
     assert "No GPU" in text
+
+
+def test_build_table_labels_tell_paired_kernels_apart():
+    from suite.commands.build import _label
+
+    one = _label("void foscar::foscar_decode_kernel<4, 128, true, false, false, 1>(foscar::DecodeParams)")
+    two = _label("void foscar::foscar_decode_kernel<4, 128, true, false, false, 2>(foscar::DecodeParams)")
+    assert one == "decode int4 g128 K channel V token" and two == one + ", 2 KV heads per item"
