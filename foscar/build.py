@@ -64,18 +64,31 @@ class BuildResult:
         """The shared library holds the sm_90a SASS; cuobjdump reads it directly."""
         return self.so_path
 
-    def smem_bytes(self) -> dict[str, int]:
-        """Dynamic shared memory per CTA of each decode kernel, asked of the built library
-        (loading it needs no GPU); {} when it cannot be loaded here."""
+    def _entry(self, name: str, nargs: int):
+        """An int-returning C entry point of the built library (loading it needs no GPU), or
+        None when it cannot be loaded here."""
         import ctypes
 
         try:
-            lib = ctypes.CDLL(str(self.so_path))
-            query = lib.foscar_decode_smem_bytes
+            fn = getattr(ctypes.CDLL(str(self.so_path)), name)
         except (OSError, AttributeError):
+            return None
+        fn.argtypes = [ctypes.c_int] * nargs
+        fn.restype = ctypes.c_int
+        return fn
+
+    def kv_heads_per_item(self, num_q_heads: int, num_kv_heads: int) -> int | None:
+        """The library's foscar_kv_heads_per_item (the most KV heads an item of this build can
+        hold for the head layout), or None when the library cannot be loaded here."""
+        query = self._entry("foscar_kv_heads_per_item", 2)
+        return None if query is None else query(num_q_heads, num_kv_heads)
+
+    def smem_bytes(self) -> dict[str, int]:
+        """Dynamic shared memory per CTA of each decode kernel, asked of the built library
+        (loading it needs no GPU); {} when it cannot be loaded here."""
+        query = self._entry("foscar_decode_smem_bytes", 6)
+        if query is None:
             return {}
-        query.argtypes = [ctypes.c_int] * 6
-        query.restype = ctypes.c_int
         out = {}
         for res in self.resources:
             args = decode_template_args(res.name)

@@ -16,6 +16,14 @@ namespace foscar {
 
 std::string& last_error();
 
+// The most KV heads an item can hold for a head layout in this build (1 for a layout that is
+// not valid: check_args reports those); the C entry points foscar_kv_heads_per_item and
+// foscar_emu_kv_heads_per_item answer with it.
+inline int max_kv_heads_per_item_of(int num_q_heads, int num_kv_heads) {
+  return num_kv_heads > 0 && num_q_heads % num_kv_heads == 0
+             ? max_kv_heads_per_item(num_q_heads / num_kv_heads, num_kv_heads) : 1;
+}
+
 // What only the C side can check before dispatch; 0, or 2 with last_error() set.
 inline int check_args(const FoscarDecodeArgs& a) {
   if (a.head_dim != 128) {
@@ -35,8 +43,7 @@ inline int check_args(const FoscarDecodeArgs& a) {
                    std::to_string(a.num_kv_heads);
     return 2;
   }
-  if (a.kv_heads_per_item != 1 &&
-      a.kv_heads_per_item != max_kv_heads_per_item(a.num_q_heads / a.num_kv_heads, a.num_kv_heads)) {
+  if (a.kv_heads_per_item != 1 && a.kv_heads_per_item != max_kv_heads_per_item_of(a.num_q_heads, a.num_kv_heads)) {
     last_error() = "kv_heads_per_item " + std::to_string(a.kv_heads_per_item) + " is not possible for " +
                    std::to_string(a.num_q_heads) + " query heads over " + std::to_string(a.num_kv_heads) +
                    " KV heads in this build; expected 1 or foscar_kv_heads_per_item()";
@@ -55,8 +62,9 @@ inline int check_args(const FoscarDecodeArgs& a) {
 
 template <class Launch, int BITS, int G, bool KCH, bool VCH, bool DEQ>
 int dispatch_heads(const FoscarDecodeArgs& a, void* s) {
-  if (FOSCAR_PAIR_HEADS && a.kv_heads_per_item == 2)
-    return Launch::template run<BITS, G, KCH, VCH, DEQ, FOSCAR_PAIR_HEADS ? 2 : 1>(a, s);
+  if constexpr (FOSCAR_PAIR_HEADS) {
+    if (a.kv_heads_per_item == 2) return Launch::template run<BITS, G, KCH, VCH, DEQ, 2>(a, s);
+  }
   return Launch::template run<BITS, G, KCH, VCH, DEQ, 1>(a, s);
 }
 

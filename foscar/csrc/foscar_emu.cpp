@@ -62,6 +62,5 @@ extern "C" FOSCAR_EXPORT int foscar_emu_ctas_per_sm(int bits) {
 }
 
 extern "C" FOSCAR_EXPORT int foscar_emu_kv_heads_per_item(int num_q_heads, int num_kv_heads) {
-  return num_kv_heads > 0 && num_q_heads % num_kv_heads == 0
-             ? foscar::max_kv_heads_per_item(num_q_heads / num_kv_heads, num_kv_heads) : 1;
+  return foscar::max_kv_heads_per_item_of(num_q_heads, num_kv_heads);
 }

@@ -41,15 +41,14 @@ def elems_of(meta: dict) -> float | None:
     return None
 
 
-def decode_kernel_regex(case: Any, dequant: bool) -> str:
+def decode_kernel_regex(case: Any, dequant: bool, max_heads: int | None) -> str:
     """Mangled-name regex of the foscar_decode_kernel<bits, group, kch, vch, deq, heads> that
-    runs `case` (heads: KV heads per item, as foscar.kernels plans them)."""
+    runs `case`: heads as foscar.kernels plans them from `max_heads` (the build's
+    foscar_kv_heads_per_item; None: any)."""
     from foscar.kernels import planned_kv_heads_per_item
 
     b = lambda flag: "1" if flag else "0"  # noqa: E731 - Itanium mangling of bool template args
-    ratio = case.num_q_heads // case.num_kv_heads
-    can_pair = ratio in (2, 4) and case.num_kv_heads % 2 == 0
-    heads = planned_kv_heads_per_item(case.batch, case.num_kv_heads, 2 if can_pair else 1)
+    heads = r"\d+" if max_heads is None else planned_kv_heads_per_item(case.batch, case.num_kv_heads, max_heads)
     return (
         f"foscar_decode_kernelILi{case.bits}ELi{case.group_size}E"
         f"Lb{b(case.k_mode == 'channel')}ELb{b(case.v_mode == 'channel')}ELb{b(dequant)}ELi{heads}E"
@@ -87,5 +86,6 @@ def static_for_backend(backend: Any, case: Any, build: Any, *, sass_text: str | 
     if getattr(backend, "family", "") != "foscar" and not str(getattr(backend, "name", "")).startswith("foscar"):
         return None
     dequant = getattr(backend, "variant", "fold") == "dequant"
-    hits = analyze_build(build, decode_kernel_regex(case, dequant), sass_text=sass_text)
+    max_heads = build.kv_heads_per_item(case.num_q_heads, case.num_kv_heads)
+    hits = analyze_build(build, decode_kernel_regex(case, dequant, max_heads), sass_text=sass_text)
     return hits[0][1] if hits else None

@@ -126,6 +126,9 @@ def test_build_reports_each_decode_kernels_shared_memory():
     assert lib.foscar_decode_smem_bytes(4, 128, 1, 0, 0, 3) == -1
     # Paired kernels (two KV heads per item) exist for every mode, with a deeper ring.
     assert lib.foscar_decode_smem_bytes(4, 128, 1, 0, 0, 2) > lib.foscar_decode_smem_bytes(4, 128, 1, 0, 0, 1)
+    # ...for 2 or 4 query heads per KV head over an even number of KV heads.
+    assert result.kv_heads_per_item(32, 8) == 2 and result.kv_heads_per_item(64, 8) == 1
+    assert result.kv_heads_per_item(4, 1) == 1
 
 
 @pytest.mark.parametrize("splits", [0, 129, True, 2.0])
