@@ -34,7 +34,7 @@ for name in $PROFILE; do
         --section ComputeWorkloadAnalysis \
         -f -o "/tmp/prof_$name" python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$PCONFIGS" --profile "$name" ${LAB_ARGS:-} \
         > "/tmp/ncu_$name.log" 2>&1 || tail -5 "/tmp/ncu_$name.log"
-    "$NCU" --import "/tmp/prof_$name.ncu-rep" --page raw --csv --units base > "$OUT/ncu_raw_$name.csv" 2>/dev/null
+    "$NCU" --import "/tmp/prof_$name.ncu-rep" --page raw --csv > "$OUT/ncu_raw_$name.csv" 2>/dev/null
     "$NCU" --import "/tmp/prof_$name.ncu-rep" --page source --csv --print-source sass > "/tmp/src_$name.csv" 2>/dev/null
     gzip -c "/tmp/src_$name.csv" > "$OUT/ncu_src_$name.csv.gz"
     "$NCU" --import "/tmp/prof_$name.ncu-rep" --page details --csv > "$OUT/ncu_details_$name.csv" 2>/dev/null

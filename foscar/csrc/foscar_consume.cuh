@@ -531,21 +531,16 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       zero_accumulators(ks.acc);
       if constexpr (T::HP == 1) {
         if (!last) ss.prepare(1, c + 1, 0);
-        ss.template issue<0, 1>();
-        vs.template pv<0, 4>(s, L, v_blk, v_par, group_ends);
-        ss.complete();
-      } else if constexpr (SStream<T, KSide>::kOperandSets == 2) {  // lab: both heads in one group
-        if (!last) ss.prepare(1, c + 1, 0), ss.prepare(1, c + 1, 1);
-        ss.template issue<0, 2>();
+        ss.issue(0);
         vs.template pv<0, 4>(s, L, v_blk, v_par, group_ends);
         ss.complete();
       } else {
         if (!last) ss.prepare(1, c + 1, 0);
-        ss.template issue<0, 1>();
+        ss.issue(0);
         vs.template pv<0, FOSCAR_PV_SPLIT>(s, L, v_blk, v_par, group_ends);
         ss.complete();
         if (!last) ss.prepare(1, c + 1, 1);
-        ss.template issue<1, 2>();
+        ss.issue(1);
         vs.template pv<FOSCAR_PV_SPLIT, 4>(s, L, v_blk, v_par, group_ends);
         ss.complete();
       }

@@ -139,11 +139,6 @@ constexpr float kZeroScaleStandIn = 1.0f;
 #ifndef FOSCAR_PV_SPLIT
 #define FOSCAR_PV_SPLIT 2
 #endif
-// Lab: a paired trip builds both heads' S operands first and issues their wgmmas as one group
-// with one wait (64 operand registers: with FOSCAR_CTAS_INT4/INT2=2), instead of two groups.
-#ifndef FOSCAR_PAIR_ONE_GROUP
-#define FOSCAR_PAIR_ONE_GROUP 0
-#endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
 #define FOSCAR_PAIR_STAGES_INT4 6
@@ -157,6 +152,7 @@ struct DecodeTraits {
   static constexpr int BITS = BITS_, G = G_;
   static constexpr bool KCH = KCH_, VCH = VCH_, DEQ = DEQ_;
   static constexpr int HP = HP_;  // KV heads per item (1, or 2 paired: kv_heads_per_item)
+  static_assert(HP == 1 || HP == 2, "an item holds one KV head or a pair");
   static constexpr int kCodeBytes = kChunk * kD * BITS / 8;     // one tensor's codes of one chunk
   static constexpr int kGroupsD = kD / G;                        // channel groups (token-wise modes)
   static constexpr int kGroupsT = G >= kChunk ? 1 : kChunk / G;  // token groups in a chunk (channel-wise)
@@ -274,7 +270,7 @@ struct Lane {
   int tid, warp, lane, g, t, hp;
   __device__ __forceinline__ Lane(int consumer_tid, int ratio, int heads_per_item)
       : tid(consumer_tid), warp(consumer_tid >> 5), lane(consumer_tid & 31), g((consumer_tid & 31) >> 2),
-        t(consumer_tid & 3), hp(heads_per_item == 1 ? 0 : min(2 * (consumer_tid & 3) / ratio, heads_per_item - 1)) {}
+        t(consumer_tid & 3), hp(heads_per_item == 1 ? 0 : 2 * (consumer_tid & 3) >= ratio) {}
   // Token (within a chunk) of S accumulator element e: rows g and g + 8 of warp w's 16.
   __device__ __forceinline__ int token(int e) const { return 16 * warp + g + 8 * (e >> 1); }
   // Channel of O accumulator element e of m64 tile i: warp w owns channels 32w .. 32w + 31.
@@ -320,8 +316,11 @@ struct QSlice {
   // The item's KV head whose B tiles hold this column (padding columns: the last head's, zero).
   template <class T>
   __device__ __forceinline__ int head(const DecodeParams& p) const {
-    return T::HP == 1 ? 0 : min(n / p.ratio, T::HP - 1);
+    return T::HP == 1 ? 0 : n >= p.ratio;
   }
+  // The slice's 8-channel block within a packed word (its injection position, so its radix factor).
+  template <int BITS>
+  __device__ __forceinline__ int block() const { return (d0 / 8) % (16 / BITS); }
   // Byte offset of this slice in a B tile stack (8 k-steps): 8 consecutive K values of row n.
   __device__ __forceinline__ int tile_offset() const { return (d0 / 16) * kBTileBytes + b_tile_offset(d0 % 16, n); }
 };
@@ -398,11 +397,11 @@ struct KFoldToken {
   __device__ __forceinline__ void publish(SharedStorage<T>&, const Lane&, bool) {}
 
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4], int hp) {
-    const uint64_t base = b_tile_desc(smem_u32(s.q_tile[0][hp][0]));
+    const uint32_t base = b_tile_desc(smem_u32(s.q_tile[0][hp][0]));
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
       const int gk = kt * 16 / T::G;
-      wgmma_m64n8k16<true>(acc[gk], a[kt][0], a[kt][1], a[kt][2], a[kt][3], base + kt * (kBTileBytes >> 4));
+      wgmma_m64n8k16<true>(acc[gk], a[kt][0], a[kt][1], a[kt][2], a[kt][3], base + kt * kBTileDescStep);
     }
   }
   // log2-domain scores of this thread's (token, head) pairs; `par` = the chunk's K params.
@@ -431,8 +430,10 @@ struct KFoldChannel {
   float acc[1][4];
   float bias[2], inv[2];  // of this thread's group, heads 2t, 2t+1
 
-  // Once per item: the rows of Q~ that begin_chunk does not write (padding columns, and in each
-  // head's tiles the other head's columns) are zeroed, and the padding columns' constants.
+  // Once per item: the rows of Q~ that begin_chunk may not write are zeroed (padding columns, and
+  // in each head's tiles the other head's columns) with the padding columns' constants (bias 0,
+  // factor 1), and this thread's slice of the query is turned into q lambda / f, which
+  // begin_chunk multiplies by each token group's scales.
   __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
     const QSlice qs(L.tid);
     const bool pad = qs.n >= p.cols;
@@ -444,50 +445,60 @@ struct KFoldChannel {
           *reinterpret_cast<uint4*>(s.q_tile[gq][hp][0] + qs.tile_offset()) = make_uint4(0u, 0u, 0u, 0u);
       if (pad && (L.tid & 15) == 0) s.kconst[gq][qs.n][0] = 0.f, s.kconst[gq][qs.n][1] = 1.f;
     }
+    const float c = p.sm_scale_log2 / k_radix<T::BITS>(qs.block<T::BITS>());
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s.q32[qs.n][qs.d0 + j] *= c;
   }
   __device__ __forceinline__ void load_constants(SharedStorage<T>&, const Lane&) {}
   __device__ __forceinline__ int my_group(const Lane& L) const { return kGroups == 1 ? 0 : (16 * L.warp) / T::G; }
 
-  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64): warp w
-  // builds columns w, w + 4 (those below cols), lane l channels 4l .. 4l + 3, so the four warps
-  // share the work; column n from the K parameters of its KV head, par[n / ratio], into that
-  // head's tiles. publish() makes it visible to the warpgroup's wgmma, after the K operands
-  // are built.
+  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64). Each
+  // thread builds its query slice (QSlice: column tid / 16, 8 channels of one radix factor) from
+  // the K parameters of its column's KV head, into that head's tiles; the column's maximum and
+  // bias are reduced over its 16 threads. A warp whose two columns are both padding has nothing
+  // to do; in a warp with one, the padding column (q = 0) comes out as setup left it: a zero row,
+  // bias 0 and factor 1. publish() makes it visible to the warpgroup's wgmma, after the K
+  // operands are built.
   __device__ __forceinline__ void begin_chunk(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
                                               const uint8_t* const (&par)[T::HP], bool group_starts) {
-    if (!group_starts) return;
-    const int d0 = 4 * L.lane;
-    const float f = k_radix<T::BITS>((d0 / 8) % (16 / T::BITS));  // one 8-channel block: one factor
-    for (int n = L.warp; n < p.cols; n += 4) {
-      const int hp = T::HP == 1 ? 0 : n / p.ratio;
+    if (!group_starts || 2 * L.warp >= p.cols) return;
+    const QSlice qs(L.tid);
+    const int hp = qs.head<T>(p);
+    const float f = k_radix<T::BITS>(qs.block<T::BITS>());
+    float qc[8];  // q lambda / f (setup)
+    {
+      const float4 q0 = *reinterpret_cast<const float4*>(&s.q32[qs.n][qs.d0]);
+      const float4 q1 = *reinterpret_cast<const float4*>(&s.q32[qs.n][qs.d0 + 4]);
+      qc[0] = q0.x, qc[1] = q0.y, qc[2] = q0.z, qc[3] = q0.w, qc[4] = q1.x, qc[5] = q1.y, qc[6] = q1.z, qc[7] = q1.w;
+    }
 #pragma unroll
-      for (int gq = 0; gq < kGroups; ++gq) {
-        const __half2* row = reinterpret_cast<const __half2*>(of_head(par, hp)) + gq * kD;
-        const float4 q = *reinterpret_cast<const float4*>(&s.q32[n][d0]);
-        const float qv[4] = {q.x, q.y, q.z, q.w};
-        float qt[4], zs[4], amax = 0.f;
+    for (int gq = 0; gq < kGroups; ++gq) {
+      const uint8_t* row = of_head(par, hp) + (gq * kD + qs.d0) * 4;  // 8 (scale, offset) pairs
+      const uint4 raw[2] = {lds128(row), lds128(row + 16)};
+      const uint32_t words[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+      float qt[8], zs[8], amax = 0.f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 sz = __half22float2(row[d0 + j]);
-          const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
-          qt[j] = qv[j] * sc * (p.sm_scale_log2 / f);
-          zs[j] = f * sz.y / sc - kKBias;
-          amax = fmaxf(amax, fabsf(qt[j]));
-        }
-        amax = reduce_lanes<32, true>(amax);
-        const int e = amax > 0.f ? 13 - ilog2f(amax) : 0;
-        const float up = exp2_int(max(min(e, 126), -126));
-        const uint32_t h0 = pack_f16x2(qt[0] * up, qt[1] * up), h1 = pack_f16x2(qt[2] * up, qt[3] * up);
-        const float2 r0 = unpack_f16x2(h0), r1 = unpack_f16x2(h1);
-        float part = fmaf(r0.x, zs[0], fmaf(r0.y, zs[1], fmaf(r1.x, zs[2], r1.y * zs[3])));
-        *reinterpret_cast<uint2*>(s.q_tile[gq][hp][0] + (d0 / 16) * kBTileBytes + b_tile_offset(d0 % 16, n)) =
-            make_uint2(h0, h1);
-        part = reduce_lanes<32, false>(part);
-        if (L.lane == 0) {
-          s.kconst[gq][n][0] = part;
-          s.kconst[gq][n][1] = exp2_int(-max(min(e, 126), -126));
-        }
+      for (int j = 0; j < 8; ++j) {
+        const float2 sz = unpack_f16x2(words[j]);
+        const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
+        qt[j] = qc[j] * sc;
+        zs[j] = f * sz.y / sc - kKBias;
+        amax = fmaxf(amax, fabsf(qt[j]));
       }
+      amax = reduce_lanes<16, true>(amax);
+      const int e = max(min(amax > 0.f ? 13 - ilog2f(amax) : 0, 126), -126);
+      const float up = exp2_int(e);
+      uint32_t h[4];
+      float part = 0.f;  // sum_d Q~ (f z / s - 1024) over the slice
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        h[j / 2] = pack_f16x2(qt[j] * up, qt[j + 1] * up);
+        const float2 r = unpack_f16x2(h[j / 2]);
+        part = fmaf(r.x, zs[j], fmaf(r.y, zs[j + 1], part));
+      }
+      *reinterpret_cast<uint4*>(s.q_tile[gq][hp][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
+      part = reduce_lanes<16, false>(part);
+      if ((L.tid & 15) == 0) s.kconst[gq][qs.n][0] = part, s.kconst[gq][qs.n][1] = exp2_int(-e);
     }
     fence_proxy_async_smem();
   }
@@ -502,12 +513,12 @@ struct KFoldChannel {
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane& L, const uint32_t (&a)[8][4], int hp) {
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
-      const uint64_t base = b_tile_desc(smem_u32(s.q_tile[gq][hp][0]));
+      const uint32_t base = b_tile_desc(smem_u32(s.q_tile[gq][hp][0]));
       const bool mine = my_group(L) == gq;
 #pragma unroll
       for (int kt = 0; kt < 8; ++kt)
         wgmma_m64n8k16<true>(acc[0], mine ? a[kt][0] : 0u, mine ? a[kt][1] : 0u, mine ? a[kt][2] : 0u,
-                             mine ? a[kt][3] : 0u, base + kt * (kBTileBytes >> 4));
+                             mine ? a[kt][3] : 0u, base + kt * kBTileDescStep);
     }
   }
   __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane&, const uint8_t*, float (&x)[4]) const {
@@ -558,10 +569,10 @@ struct KDequant {
       }
   }
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4], int hp) {
-    const uint64_t base = b_tile_desc(smem_u32(s.q_tile[0][hp][0]));
+    const uint32_t base = b_tile_desc(smem_u32(s.q_tile[0][hp][0]));
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt)
-      wgmma_m64n8k16<true>(acc[0], a[kt][0], a[kt][1], a[kt][2], a[kt][3], base + kt * (kBTileBytes >> 4));
+      wgmma_m64n8k16<true>(acc[0], a[kt][0], a[kt][1], a[kt][2], a[kt][3], base + kt * kBTileDescStep);
   }
   __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane&, const uint8_t*, float (&x)[4]) const {
 #pragma unroll
@@ -644,10 +655,7 @@ struct SStream {
   const WorkItem& w;
   KSide& ks;
   const int& it;       // stages consumed by this CTA before the current chunk
-  // The S operands prepared last: one head's, or (lab, FOSCAR_PAIR_ONE_GROUP) every head's.
-  static constexpr int kOperandSets = FOSCAR_PAIR_ONE_GROUP ? T::HP : 1;
-  uint32_t a[kOperandSets][8][4];
-  __device__ __forceinline__ uint32_t (&ops(int hp))[8][4] { return a[kOperandSets == 1 ? 0 : hp]; }
+  uint32_t a[8][4];  // the S operands prepared last (one head's)
 
   // Head hp's stage of the chunk k after the current one.
   __device__ __forceinline__ const uint8_t* stage(int k, int hp = 0) const {
@@ -671,20 +679,16 @@ struct SStream {
       for (int h = 0; h < T::HP; ++h) k_par[h] = stage(k, h) + 2 * T::kCodeBytes;
       ks.begin_chunk(p, s, L, k_par, group_starts);
     }
-    k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, ops(hp));
-    if constexpr (T::DEQ) ks.dequantize(L, st + 2 * T::kCodeBytes, ops(hp));
+    k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
+    if constexpr (T::DEQ) ks.dequantize(L, st + 2 * T::kCodeBytes, a);
     if (hp == 0) ks.publish(s, L, group_starts);
   }
-  // The wgmmas of heads HP0 .. HP1 - 1 as one group, accumulating into ks.acc (zeroed before
-  // the first head's).
-  template <int HP0, int HP1>
-  __device__ __forceinline__ void issue() {
-#pragma unroll
-    for (int hp = HP0; hp < HP1; ++hp) pin_operands(ops(hp));
+  // Head hp's wgmmas as one group, accumulating into ks.acc (zeroed before the first head's).
+  __device__ __forceinline__ void issue(int hp) {
+    pin_operands(a);
     pin_accumulators(ks.acc);
     wgmma_fence();
-#pragma unroll
-    for (int hp = HP0; hp < HP1; ++hp) ks.issue(s, L, ops(hp), hp);
+    ks.issue(s, L, a, hp);
     wgmma_commit();
   }
   __device__ __forceinline__ void complete() {
@@ -696,20 +700,11 @@ struct SStream {
     if (w.chunk_end == w.chunk_begin) return;
     wait(0);
     zero_accumulators(ks.acc);
-    if constexpr (kOperandSets == T::HP) {
 #pragma unroll
-      for (int hp = 0; hp < T::HP; ++hp) prepare(0, w.chunk_begin, hp);
-      issue<0, T::HP>();
+    for (int hp = 0; hp < T::HP; ++hp) {  // one head at a time (one operand set)
+      prepare(0, w.chunk_begin, hp);
+      issue(hp);
       complete();
-    } else {  // one operand set, one head at a time
-      prepare(0, w.chunk_begin, 0);
-      issue<0, 1>();
-      complete();
-      if constexpr (T::HP == 2) {
-        prepare(0, w.chunk_begin, 1);
-        issue<1, 2>();
-        complete();
-      }
     }
   }
   // Log2-domain scores of chunk c (its S completed), -inf past the packed length.

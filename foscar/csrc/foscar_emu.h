@@ -240,13 +240,16 @@ template <int N>
 inline void wgmma_wait() {}
 
 template <bool F16>
-inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b_desc) {
+inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b_desc_lo) {
+  const uint64_t b_desc = b_desc_lo | (static_cast<uint64_t>(kBTileDescHi) << 32);
   using namespace ::foscar_emu;
   Warpgroup& wg = tls().warpgroup();
   const int me = static_cast<int>(tls().thread_idx.x % 128);
   wg.a[me][0] = a0, wg.a[me][1] = a1, wg.a[me][2] = a2, wg.a[me][3] = a3;
   wg.bar.arrive_and_wait();
-  if (((b_desc >> 16) & 0x3FFF) != (kBTileLbo >> 4) || ((b_desc >> 62) & 3) != 0) std::abort();  // the one layout
+  if (((b_desc >> 16) & 0x3FFF) != (kBTileLbo >> 4) || ((b_desc >> 32) & 0x3FFF) != (kBTileSbo >> 4) ||
+      ((b_desc >> 62) & 3) != 0)
+    std::abort();  // the one layout
   const uint8_t* B = tls().cta->smem_base() + ((b_desc & 0x3FFF) << 4);
   auto elem = [](uint32_t word, int half) { return F16 ? f16_at(word, half) : bf16_at(word, half); };
   auto A = [&](int row, int k) {  // the mma A fragment layout, per warp of 16 rows

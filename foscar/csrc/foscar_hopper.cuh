@@ -28,10 +28,17 @@ __host__ __device__ constexpr int b_tile_offset(int k, int n) { return (k / 8) *
 constexpr int kBTileBytes = 256;
 constexpr uint32_t kBTileLbo = 128, kBTileSbo = 256;
 
-__host__ __device__ __forceinline__ uint64_t b_tile_desc(uint32_t smem_addr) {
-  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(kBTileLbo >> 4) << 16) |
-         (static_cast<uint64_t>(kBTileSbo >> 4) << 32);
+// A B tile's descriptor is two 32-bit words. The low word holds the start address (bits 0-13,
+// in 16-byte units) and the LBO (bits 16-29). The high word holds the SBO (bits 32-45) and no
+// swizzle, the same for every tile, so the wgmma wrapper takes only the low word. The next
+// k-step's tile is then one 32-bit add (+16 per 256 bytes: shared addresses stay below 2^18, so
+// the address field never carries). With a 64-bit descriptor ptxas spent four uniform
+// instructions per wgmma on the add and its carry.
+__host__ __device__ __forceinline__ uint32_t b_tile_desc(uint32_t smem_addr) {
+  return ((smem_addr & 0x3FFFF) >> 4) | ((kBTileLbo >> 4) << 16);
 }
+constexpr uint32_t kBTileDescHi = kBTileSbo >> 4;
+constexpr uint32_t kBTileDescStep = kBTileBytes >> 4;  // the next k-step's tile
 
 }  // namespace foscar
 
@@ -64,21 +71,22 @@ __device__ __forceinline__ void wgmma_wait() {
 // scale-d predicate false is serialized by ptxas, one wait per instruction, as is any read of
 // an accumulator after a partial wgmma_wait<N > 0>: the kernels wait for all.)
 // The "+f" constraints keep D's registers live and untouched while the operation is in flight.
+// b_desc: the B tile descriptor's low word (b_tile_desc); the high word is kBTileDescHi.
 template <bool F16>
 __device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint64_t b_desc) {
+                                               uint32_t b_desc) {
   if constexpr (F16) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+        "{\n.reg .pred p;\n.reg .b64 desc;\nsetp.ne.b32 p, 1, 0;\nmov.b64 desc, {%8, %9};\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, desc, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b_desc), "r"(kBTileDescHi));
   } else {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+        "{\n.reg .pred p;\n.reg .b64 desc;\nsetp.ne.b32 p, 1, 0;\nmov.b64 desc, {%8, %9};\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, desc, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b_desc));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b_desc), "r"(kBTileDescHi));
   }
 }
 

@@ -183,9 +183,8 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
     ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6"),
     ("-DFOSCAR_PAIR_HEADS=0",),  # one KV head per item at every ratio (the lab's baseline)
     ("-DFOSCAR_PV_SPLIT=1",),  # a paired trip's V slices split 1 / 3 between its two S groups
-    # both heads' S in one wgmma group, at 2 CTAs per SM with an 8-stage ring
-    ("-DFOSCAR_PAIR_ONE_GROUP=1", "-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_PAIR_STAGES_INT4=8",
-     "-DFOSCAR_PAIR_STAGES_INT2=8"),
+    # 2 CTAs per SM with an 8-stage paired ring
+    ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_PAIR_STAGES_INT4=8", "-DFOSCAR_PAIR_STAGES_INT2=8"),
 ])
 def test_build_knobs_compute_the_same_function(knobs):
     # The lab's variants (ring depth: a ring of 2 stages makes the producer wait on every chunk;
