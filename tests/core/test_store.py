@@ -5,6 +5,7 @@ import sqlite3
 
 import pytest
 
+from core.record import STATUSES
 from core.store import RECORD_COLUMNS, SCHEMA_VERSION, ResultStore, StoreError, config_hash
 
 
@@ -210,7 +211,7 @@ def test_the_bundled_store_reads_unchanged(tmp_path):
     for immutable in (True, False):
         with ResultStore(copy, readonly=True, immutable=immutable) as store:
             df = store.records()
-            assert len(df) > 10 and set(df.status) <= {"passed", "unsupported", "incorrect", "crashed", "skipped"}
+            assert len(df) > 10 and set(df.status) <= set(STATUSES)  # e.g. BitDecoding INT2 is `inaccurate`
             assert store.runs()["n_records"].sum() == len(df)
     assert hashlib.sha256(copy.read_bytes()).hexdigest() == before
 
