@@ -719,6 +719,20 @@ struct SStream {
   }
 };
 
+// Channel c of the first COLS columns (those below cols) summed over the splits with their
+// weights, the partials of UNROLL splits loaded at once: the merge waits on L2, and at batch 1
+// the last CTA of a KV head merges 49 splits while the rest of the GPU has finished.
+template <int COLS, int UNROLL>
+__device__ __forceinline__ void merge_columns(const DecodeParams& p, const float* wgt, size_t row0, int S, int c,
+                                              float (&acc)[kN]) {
+#pragma unroll UNROLL
+  for (int sp = 0; sp < S; ++sp) {
+#pragma unroll
+    for (int hd = 0; hd < COLS; ++hd)
+      if (hd < p.cols) acc[hd] = fmaf(wgt[hd * S + sp], __ldcg(p.ws_o + (row0 + hd * S + sp) * kD + c), acc[hd]);
+  }
+}
+
 // After every split of an item wrote its partials (o against its own maximum m, and l): the
 // last split of a (sequence, KV head) to arrive merges them all into the output and resets the
 // counter for the next launch.
@@ -766,12 +780,13 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   float acc[kN];
 #pragma unroll
   for (int hd = 0; hd < kN; ++hd) acc[hd] = 0.f;
-#pragma unroll 2
-  for (int sp = 0; sp < S; ++sp) {
-#pragma unroll
-    for (int hd = 0; hd < kN; ++hd)
-      if (hd < p.cols) acc[hd] = fmaf(wgt[hd * S + sp], __ldcg(p.ws_o + (row0 + hd * S + sp) * kD + c), acc[hd]);
-  }
+  // 32 loads in flight either way. (One loop over 8 columns, each guarded by cols, 2 splits at a
+  // time, kept the loads of batch 1's 4 columns from overlapping: its merge took about 18 us of
+  // 46 at 32K and 19 of 79 at 128K; docs/PERFORMANCE.md, v10.)
+  if (p.cols <= kN / 2)
+    merge_columns<kN / 2, 8>(p, wgt, row0, S, c, acc);
+  else
+    merge_columns<kN, 4>(p, wgt, row0, S, c, acc);
 #pragma unroll
   for (int hd = 0; hd < kN; ++hd)
     if (hd < p.cols) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
