@@ -139,6 +139,11 @@ constexpr float kZeroScaleStandIn = 1.0f;
 #ifndef FOSCAR_PV_SPLIT
 #define FOSCAR_PV_SPLIT 2
 #endif
+// Lab: items of at most 4 columns rebuild Q~ on all four warps, 4 channels per thread
+// (KFoldChannel::rebuild_narrow).
+#ifndef FOSCAR_REBUILD_NARROW
+#define FOSCAR_REBUILD_NARROW 0
+#endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
 #define FOSCAR_PAIR_STAGES_INT4 6
@@ -461,6 +466,12 @@ struct KFoldChannel {
   // operands are built.
   __device__ __forceinline__ void begin_chunk(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
                                               const uint8_t* const (&par)[T::HP], bool group_starts) {
+    if constexpr (FOSCAR_REBUILD_NARROW) {  // lab
+      if (group_starts && p.cols <= kN / 2) {
+        rebuild_narrow(p, s, L, par);
+        return;
+      }
+    }
     if (!group_starts || 2 * L.warp >= p.cols) return;
     const QSlice qs(L.tid);
     const int hp = qs.head<T>(p);
@@ -499,6 +510,44 @@ struct KFoldChannel {
       *reinterpret_cast<uint4*>(s.q_tile[gq][hp][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
       part = reduce_lanes<16, false>(part);
       if ((L.tid & 15) == 0) s.kconst[gq][qs.n][0] = part, s.kconst[gq][qs.n][1] = exp2_int(-e);
+    }
+    fence_proxy_async_smem();
+  }
+  // Lab (FOSCAR_REBUILD_NARROW=1): items of at most 4 columns, 4 channels per thread and 32
+  // threads per column, so that all four warps share the rebuild (the default gives two warps 8
+  // channels each and leaves two idle at the barrier).
+  __device__ __forceinline__ void rebuild_narrow(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
+                                                 const uint8_t* const (&par)[T::HP]) {
+    const int n = L.warp, d0 = 4 * L.lane;
+    if (n < p.cols) {
+      const int hp = T::HP == 1 ? 0 : n >= p.ratio;
+      const float f = k_radix<T::BITS>((d0 / 8) % (16 / T::BITS));
+      const float4 q = *reinterpret_cast<const float4*>(&s.q32[n][d0]);  // q lambda / f (setup)
+      const float qc[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int gq = 0; gq < kGroups; ++gq) {
+        const uint4 raw = lds128(of_head(par, hp) + (gq * kD + d0) * 4);
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+        float qt[4], zs[4], amax = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 sz = unpack_f16x2(words[j]);
+          const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
+          qt[j] = qc[j] * sc;
+          zs[j] = f * sz.y / sc - kKBias;
+          amax = fmaxf(amax, fabsf(qt[j]));
+        }
+        amax = reduce_lanes<32, true>(amax);
+        const int e = max(min(amax > 0.f ? 13 - ilog2f(amax) : 0, 126), -126);
+        const float up = exp2_int(e);
+        const uint32_t h0 = pack_f16x2(qt[0] * up, qt[1] * up), h1 = pack_f16x2(qt[2] * up, qt[3] * up);
+        const float2 r0 = unpack_f16x2(h0), r1 = unpack_f16x2(h1);
+        float part = fmaf(r0.x, zs[0], fmaf(r0.y, zs[1], fmaf(r1.x, zs[2], r1.y * zs[3])));
+        *reinterpret_cast<uint2*>(s.q_tile[gq][hp][0] + (d0 / 16) * kBTileBytes + b_tile_offset(d0 % 16, n)) =
+            make_uint2(h0, h1);
+        part = reduce_lanes<32, false>(part);
+        if (L.lane == 0) s.kconst[gq][n][0] = part, s.kconst[gq][n][1] = exp2_int(-e);
+      }
     }
     fence_proxy_async_smem();
   }

@@ -198,6 +198,19 @@ def test_build_knobs_compute_the_same_function(knobs):
         assert err <= TOLERANCE, f"seed={seed} bits={bits} knobs={knobs}: {err:.2e}"
 
 
+def test_narrow_rebuild_knob_computes_the_same_function():
+    # Lab knob FOSCAR_REBUILD_NARROW=1: items of at most 4 columns (one KV head at 1 or 4 query
+    # heads each, a pair at 2) rebuild Q~ on all four warps, 4 channels per thread; groups of 32
+    # rebuild two token groups per chunk.
+    knobs = ("-DFOSCAR_REBUILD_NARROW=1",)
+    for bits, group, ratio, heads in ((4, 128, 4, 1), (2, 128, 2, 2), (4, 32, 4, 1), (2, 128, 1, 1)):
+        seed, config, lens, _, _ = _case(bits, group, "channel", RNG.choice(["channel", "token"]), batch=2,
+                                         ratio=ratio, max_len=700)
+        q, cache = _data(config, lens, 2, ratio, seed)
+        err = _error(q, cache, lens, defines=knobs, kv_heads_per_item=heads)
+        assert err <= TOLERANCE, f"seed={seed} bits={bits} group={group} ratio={ratio}: {err:.2e}"
+
+
 def test_bad_input_is_one_clear_error():
     config = QuantConfig(bits=4, group_size=128, page_size=128)
     k = torch.randn(1, 100, 1, 128).to(torch.bfloat16)
