@@ -94,6 +94,18 @@ def test_forced_splits_and_many_sequences(bits, k_mode, v_mode):
         assert err <= TOLERANCE, f"seed={seed} lens={lens} splits={splits}: {err:.2e}"
 
 
+def test_many_splits_leave_merge_remainders():
+    # The split merge loads 8 splits per step for items of 4 columns and 4 for items of 8: 13 and
+    # 17 splits leave a remainder in both, and some splits of the shorter sequence hold no token.
+    for bits, ratio, heads in ((4, 4, 1), (2, 4, 2)):
+        seed, config, _, _, _ = _case(bits, 128, "channel", "token", batch=2, ratio=ratio)
+        lens = [1500, 700]
+        q, cache = _data(config, lens, 2, ratio, seed)
+        for splits in (13, 17):
+            err = _error(q, cache, lens, num_splits=splits, kv_heads_per_item=heads)
+            assert err <= TOLERANCE, f"seed={seed} bits={bits} heads={heads} splits={splits}: {err:.2e}"
+
+
 def _check_one_and_planned_splits(bits, k_mode, v_mode, seed, q, k, v, lens, **kwargs):
     """Long sequences (float keys and values), group 128: one split, then the plan's."""
     config = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
