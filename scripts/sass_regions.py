@@ -5,8 +5,8 @@ stall-sample counts per SASS address (the source page of a profile) when given.
 A region is the call made from `consume` (the frame of foscar_consume.cuh that is not itself
 called from foscar_consume.cuh) with the frame it calls, e.g. "foscar_decode.cuh:688 <-
 foscar_consume.cuh:543": the channel-wise Q~ rebuild called from the chunk loop. Without a
-profile the counts are static: the instructions of the innermost loop that holds both the
-wgmma wait and an MMA (the chunk loop).
+profile the counts are static: the instructions of the main loop as `foscar-bench alu
+--static` finds it (suite.alu.sass, which also parses the listing).
 
     nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90a -cubin -lineinfo foscar/csrc/foscar_int4.cu -o k.cubin
     nvdisasm -gi k.cubin > k.sass
@@ -25,24 +25,29 @@ import gzip
 import io
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from suite.alu import sass  # noqa: E402  (the SASS parser and loop finder of `foscar-bench alu`)
+
 _LOC = re.compile(r'\s*//## File "([^"]+)", line (\d+)')
-_INS = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-_LABEL = re.compile(r"^(\.L_x_\d+):")
-_BRANCH = re.compile(r"BRA\S*.*?`\((\.L_x_\d+)\)")
+_FUNC = re.compile(r"^\s*\.text\.(\S+?):\s*$")  # nvdisasm's label line of a function
 
 
 @dataclass
-class Instruction:
-    addr: int
-    text: str
-    frames: list[str] = field(default_factory=list)  # innermost first: "file:line"
+class Located:
+    """A SASS instruction (suite.alu.sass) with its chain of source frames, innermost first."""
+    ins: sass.Instruction
+    frames: list[str]
 
     @property
-    def opcode(self) -> str:
-        return opcode(self.text)
+    def addr(self) -> int:
+        return self.ins.addr
+
+    @property
+    def opcode(self) -> str:  # with its modifiers: 'LOP3.LUT'
+        return self.ins.mnemonic
 
 
 def opcode(text: str) -> str:
@@ -50,57 +55,44 @@ def opcode(text: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", text.strip()).split()[0]
 
 
-def parse(disasm: str, kernel: str) -> list[Instruction]:
-    """The instructions of the one function whose mangled name contains `kernel`."""
-    lines = disasm.split("\n")
-    heads = [i for i, l in enumerate(lines) if l.startswith("//--------------------- .text.") and kernel in l]
-    if len(heads) != 1:
-        names = [l.split(".text.")[1].split()[0] for l in lines if l.startswith("//--------------------- .text.")]
-        raise SystemExit(f"--kernel {kernel!r} matches {len(heads)} of the {len(names)} functions "
-                         f"(e.g. {names[:3]}); give a substring of exactly one mangled name.")
-    start = heads[0]
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("//--------------------- .")), len(lines))
-    out: list[Instruction] = []
-    block: list[str] = []
-    frames: list[str] = []
-    labels: dict[str, int] = {}
-    pending: list[str] = []
-    for line in lines[start:end]:
-        if m := _LABEL.match(line):
-            pending.append(m.group(1))
+def _frames(disasm: str, name: str) -> dict[int, list[str]]:
+    """Address -> source frames of function `name`: each run of `//## File` lines names the
+    frames of the instructions after it, innermost first."""
+    out: dict[int, list[str]] = {}
+    inside, block, frames = False, [], []
+    for line in disasm.splitlines():
+        if m := _FUNC.match(line):
+            inside = m.group(1) == name
             continue
-        if m := _LOC.match(line):  # a run of these lines: the innermost frame first
+        if not inside:
+            continue
+        if m := _LOC.match(line):
             block.append(f"{Path(m.group(1)).name}:{m.group(2)}")
-            continue
-        if m := _INS.match(line):
+        elif (ins := sass.parse_line(line)) is not None:
             if block:
                 frames, block = block, []
-            out.append(Instruction(int(m.group(1), 16), m.group(2).strip(), frames))
-            for p in pending:
-                labels[p] = out[-1].addr
-            pending = []
-    for ins in out:  # resolve branch targets to addresses for loop finding
-        if m := _BRANCH.search(ins.text):
-            ins.text = ins.text.replace(f"`({m.group(1)})", f"{labels.get(m.group(1), -1):#x}")
+            out[ins.addr] = frames
     return out
 
 
-def chunk_loop(ins: list[Instruction]) -> tuple[int, int]:
-    """Index range of the innermost backward-branch loop holding a wgmma wait and an MMA."""
-    index = {x.addr: i for i, x in enumerate(ins)}
-    best = None
-    for i, x in enumerate(ins):
-        m = re.search(r"BRA\S*.*?(0x[0-9a-f]+)", x.text)
-        if not m or int(m.group(1), 16) not in index or int(m.group(1), 16) >= x.addr:
-            continue
-        lo = index[int(m.group(1), 16)]
-        body = ins[lo:i + 1]
-        if any("WARPGROUP.DEPBAR" in y.text for y in body) and any("MMA" in y.opcode for y in body):
-            if best is None or i - lo < best[1] - best[0]:
-                best = (lo, i)
-    if best is None:
-        raise SystemExit("no loop with a wgmma wait and an MMA in this function")
-    return best
+def parse(disasm: str, kernel: str) -> list[Located]:
+    """The instructions of the one function whose mangled name contains `kernel`."""
+    funcs = sass.parse_sass(disasm)
+    hits = [f for f in funcs if kernel in f.name]
+    if len(hits) != 1:
+        raise SystemExit(f"--kernel {kernel!r} matches {len(hits)} of the {len(funcs)} functions "
+                         f"(e.g. {[f.name for f in funcs[:3]]}); give a substring of exactly one mangled name.")
+    frames = _frames(disasm, hits[0].name)
+    return [Located(i, frames.get(i.addr, [])) for i in hits[0].instructions]
+
+
+def chunk_loop(ins: list[Located]) -> tuple[int, int]:
+    """Index range of the main loop as `foscar-bench alu --static` picks it (suite.alu.sass)."""
+    loop = sass.main_loop(sass.Function("kernel", None, [x.ins for x in ins]))
+    if loop is None:
+        raise SystemExit("no loop in this function")
+    index = [x.addr for x in ins]
+    return index.index(loop.start), index.index(loop.end)
 
 
 def region(frames: list[str]) -> str:
@@ -154,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.ncu_src:
         _, weights = read_profile(args.ncu_src)
         bad = [x for x in ins if x.addr not in weights or opcode(weights[x.addr][2]) != x.opcode]
-        if len(weights) != len(ins) or bad:
+        if bad:  # (the profile also lists the padding after the last EXIT, which the parser drops)
             raise SystemExit(f"{args.ncu_src} is a profile of another build: {len(weights)} SASS rows against "
                              f"{len(ins)} instructions, {len(bad)} opcodes differ")
         what = "executed warp instructions, whole kernel"

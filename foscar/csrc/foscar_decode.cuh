@@ -423,6 +423,36 @@ struct KFoldToken {
   }
 };
 
+// One thread's W channels of a Q~ column for one token group (KFoldChannel): from qc = q lambda
+// / f (staged by setup) and the group's (scale, offset) words of those channels, the fp16 pairs
+// of Q~ = qc s 2^e, where 2^e brings the column's largest |Q~| (over its LANES threads) into
+// [2^13, 2^14), and this thread's share of the column's bias sum Q~ (f z / s - 1024) (the caller
+// reduces it over the LANES threads, after storing h).
+template <int W, int LANES>
+__device__ __forceinline__ float q_tilde_slice(const float (&qc)[W], const uint32_t (&words)[W], float f,
+                                               uint32_t (&h)[W / 2], int& e) {
+  float qt[W], zs[W], amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < W; ++j) {
+    const float2 sz = unpack_f16x2(words[j]);
+    const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
+    qt[j] = qc[j] * sc;
+    zs[j] = f * sz.y / sc - kKBias;
+    amax = fmaxf(amax, fabsf(qt[j]));
+  }
+  amax = reduce_lanes<LANES, true>(amax);
+  e = max(min(amax > 0.f ? 13 - ilog2f(amax) : 0, 126), -126);
+  const float up = exp2_int(e);
+  float part = 0.f;  // the bias over this thread's channels
+#pragma unroll
+  for (int j = 0; j < W; j += 2) {
+    h[j / 2] = pack_f16x2(qt[j] * up, qt[j + 1] * up);
+    const float2 r = unpack_f16x2(h[j / 2]);
+    part = fmaf(r.x, zs[j], fmaf(r.y, zs[j + 1], part));
+  }
+  return part;
+}
+
 template <class T>
 struct KFoldChannel {
   // Channel-wise K, operand fold. Once per token group the warpgroup builds
@@ -487,26 +517,9 @@ struct KFoldChannel {
       const uint8_t* row = of_head(par, hp) + (gq * kD + qs.d0) * 4;  // 8 (scale, offset) pairs
       const uint4 raw[2] = {lds128(row), lds128(row + 16)};
       const uint32_t words[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
-      float qt[8], zs[8], amax = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 sz = unpack_f16x2(words[j]);
-        const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
-        qt[j] = qc[j] * sc;
-        zs[j] = f * sz.y / sc - kKBias;
-        amax = fmaxf(amax, fabsf(qt[j]));
-      }
-      amax = reduce_lanes<16, true>(amax);
-      const int e = max(min(amax > 0.f ? 13 - ilog2f(amax) : 0, 126), -126);
-      const float up = exp2_int(e);
       uint32_t h[4];
-      float part = 0.f;  // sum_d Q~ (f z / s - 1024) over the slice
-#pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        h[j / 2] = pack_f16x2(qt[j] * up, qt[j + 1] * up);
-        const float2 r = unpack_f16x2(h[j / 2]);
-        part = fmaf(r.x, zs[j], fmaf(r.y, zs[j + 1], part));
-      }
+      int e;
+      float part = q_tilde_slice<8, 16>(qc, words, f, h, e);
       *reinterpret_cast<uint4*>(s.q_tile[gq][hp][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
       part = reduce_lanes<16, false>(part);
       if ((L.tid & 15) == 0) s.kconst[gq][qs.n][0] = part, s.kconst[gq][qs.n][1] = exp2_int(-e);
@@ -528,23 +541,11 @@ struct KFoldChannel {
       for (int gq = 0; gq < kGroups; ++gq) {
         const uint4 raw = lds128(of_head(par, hp) + (gq * kD + d0) * 4);
         const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-        float qt[4], zs[4], amax = 0.f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 sz = unpack_f16x2(words[j]);
-          const float sc = sz.x != 0.f ? sz.x : kZeroScaleStandIn;
-          qt[j] = qc[j] * sc;
-          zs[j] = f * sz.y / sc - kKBias;
-          amax = fmaxf(amax, fabsf(qt[j]));
-        }
-        amax = reduce_lanes<32, true>(amax);
-        const int e = max(min(amax > 0.f ? 13 - ilog2f(amax) : 0, 126), -126);
-        const float up = exp2_int(e);
-        const uint32_t h0 = pack_f16x2(qt[0] * up, qt[1] * up), h1 = pack_f16x2(qt[2] * up, qt[3] * up);
-        const float2 r0 = unpack_f16x2(h0), r1 = unpack_f16x2(h1);
-        float part = fmaf(r0.x, zs[0], fmaf(r0.y, zs[1], fmaf(r1.x, zs[2], r1.y * zs[3])));
+        uint32_t h[2];
+        int e;
+        float part = q_tilde_slice<4, 32>(qc, words, f, h, e);
         *reinterpret_cast<uint2*>(s.q_tile[gq][hp][0] + (d0 / 16) * kBTileBytes + b_tile_offset(d0 % 16, n)) =
-            make_uint2(h0, h1);
+            make_uint2(h[0], h[1]);
         part = reduce_lanes<32, false>(part);
         if (L.lane == 0) s.kconst[gq][n][0] = part, s.kconst[gq][n][1] = exp2_int(-e);
       }

@@ -15,6 +15,7 @@ FN = "_ZN6foscar20foscar_decode_kernelILi4ELi128ELb1ELb0ELb0ELi2EEEvNS_12DecodeP
 
 DISASM = f"""//--------------------- .text.{FN} --------------------------
 {FN}:
+.text.{FN}:
 	//## File "/r/foscar/csrc/foscar_decode.cuh", line 797
         /*0000*/                   S2R R0, SR_TID.X ;
 .L_x_1:
