@@ -503,52 +503,56 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     load_query<T>(p, s, L, w, ks);
 
     SStream<T, KSide> ss{p, s, L, w, ks, it, {}};
-    ss.first();
+    if (w.chunk_end > w.chunk_begin) {
+      ss.first();
+      ss.release();
+      it += T::HP;
+    }
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, it += T::HP) {
+      // This trip's stages: V of chunk c (codes, parameters) and K of chunk c + 1.
       const uint8_t* v_blk[T::HP];
       const uint8_t* v_par[T::HP];
 #pragma unroll
       for (int hp = 0; hp < T::HP; ++hp) {
-        v_blk[hp] = ss.stage(0, hp) + T::kCodeBytes;
-        v_par[hp] = ss.stage(0, hp) + 2 * T::kCodeBytes + T::kKParamBytes;
+        v_blk[hp] = ss.stage(hp) + T::kCodeBytes;
+        v_par[hp] = ss.stage(hp) + 2 * T::kCodeBytes + T::kKParamBytes;
       }
       const int tok0 = c * kChunk;
       const bool last = c == w.chunk_end - 1;
       const bool group_ends = last || (tok0 + kChunk) % T::G == 0;
 
-      // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers.
+      // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers. (Token-wise K
+      // reads the chunk's K scales from the stage; channel-wise K has them in its constants, so
+      // it waits for the stage only after its softmax.)
+      if constexpr (KSide::kScoresReadStage) ss.wait();
       float x[4];
       ss.scores(c, x);
       float alpha[2];
       if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
       float pr[4];
       sm.probabilities(x, pr);
+      if constexpr (!KSide::kScoresReadStage) ss.wait();
       vs.begin(s, L, v_par, group_ends, pr);
 
       // S of chunk c + 1 on wgmma, head by head (the last chunk's runs on stale operands and is
       // discarded), and chunk c's PV on this warp's mma.sync while each runs.
-      if (!last) ss.wait(1);
       zero_accumulators(ks.acc);
       if constexpr (T::HP == 1) {
-        if (!last) ss.prepare(1, c + 1, 0);
+        if (!last) ss.prepare(c + 1, 0);
         ss.issue(0);
         vs.template pv<0, 4>(s, L, v_blk, v_par, group_ends);
         ss.complete();
       } else {
-        if (!last) ss.prepare(1, c + 1, 0);
+        if (!last) ss.prepare(c + 1, 0);
         ss.issue(0);
         vs.template pv<0, FOSCAR_PV_SPLIT>(s, L, v_blk, v_par, group_ends);
         ss.complete();
-        if (!last) ss.prepare(1, c + 1, 1);
+        if (!last) ss.prepare(c + 1, 1);
         ss.issue(1);
         vs.template pv<FOSCAR_PV_SPLIT, 4>(s, L, v_blk, v_par, group_ends);
         ss.complete();
       }
-      __syncwarp();
-      if (L.lane == 0) {
-#pragma unroll
-        for (int hp = 0; hp < T::HP; ++hp) mbar_arrive(&s.empty[(it + hp) % T::kStages]);
-      }
+      ss.release();
     }
 
     if constexpr (T::kHasTail) {

@@ -139,11 +139,6 @@ constexpr float kZeroScaleStandIn = 1.0f;
 #ifndef FOSCAR_PV_SPLIT
 #define FOSCAR_PV_SPLIT 2
 #endif
-// Lab: items of at most 4 columns rebuild Q~ on all four warps, 4 channels per thread
-// (KFoldChannel::rebuild_narrow).
-#ifndef FOSCAR_REBUILD_NARROW
-#define FOSCAR_REBUILD_NARROW 0
-#endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
 #define FOSCAR_PAIR_STAGES_INT4 6
@@ -164,8 +159,13 @@ struct DecodeTraits {
   static constexpr int kKParamBytes = (KCH ? kGroupsT * kD : kChunk * kGroupsD) * 4;
   static constexpr int kVParamBytes = (VCH ? kGroupsT * kD : kChunk * kGroupsD) * 4;
   static constexpr int kStageBytes = 2 * kCodeBytes + kKParamBytes + kVParamBytes;
-  // Ring stages, each one KV head's chunk (a paired item's trip takes two): at least the
-  // current and the next trip's.
+  // The chunk whose K parameters a ring stage holds, after the chunk of its V (the skewed ring,
+  // fill_stage()): channel-wise K reads them where it builds the next chunk's S operands (the Q~
+  // rebuild, the ablation's dequantization), token-wise K where it turns this chunk's S into
+  // scores.
+  static constexpr int kKParamLead = KCH ? 1 : 0;
+  // Ring stages, each one KV head's share of a trip (a paired item's trip takes two): at least
+  // the current trip's and the next one's.
   // (INT4 with groups of 32 keeps one stage fewer, so that three CTAs fit an SM.)
   static constexpr int kStagesKnob = HP == 1 ? (BITS == 4 ? FOSCAR_STAGES_INT4 : FOSCAR_STAGES_INT2)
                                              : (BITS == 4 ? FOSCAR_PAIR_STAGES_INT4 - (G == 32) : FOSCAR_PAIR_STAGES_INT2);
@@ -232,38 +232,72 @@ __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The producer: one lane streams every chunk of the CTA's items into the ring, four bulk copies
-// per stage (K codes, V codes, their parameter runs) completing on the stage's "full" mbarrier;
-// a paired item's chunk c takes two stages, its first head's then its second's.
+// The skewed ring (docs/KERNELS.md): stage j of an item holds what the consumers' trip j reads,
+// the V codes and parameters of chunk j and the K codes of chunk j + 1 (the S that trip j
+// issues), with the K parameters of chunk j + kKParamLead, so a trip holds one stage and
+// releases it whole. An item of n chunks takes n + 1 stages, the first (j = chunk_begin - 1)
+// holding only the first chunk's K. A paired item's stage j is two, its first head's then its
+// second's. Each stage is filled by up to four bulk copies completing on its "full" mbarrier.
+//
+// Stage j of KV head h of sequence b (chunks chunk_begin .. chunk_end - 1) into ring slot
+// `stage` (freed by the consumers). Both chunks' pages are read before the first copy is
+// issued: a copy's asm orders memory, so a page read after it would wait its full latency.
+template <class T>
+__device__ __forceinline__ void fill_stage(const DecodeParams& p, SharedStorage<T>& s, int stage, int b, int h,
+                                           int chunk_begin, int chunk_end, int j) {
+  const bool has_k = j + 1 < chunk_end, has_v = j >= chunk_begin;
+  const int kp = j + T::kKParamLead;
+  const bool has_kp = kp >= chunk_begin && kp < chunk_end;
+  const int32_t* row = p.page_table + (size_t)b * p.max_pages;
+  // The chunk's page and its first token in it.
+  auto locate = [&](int c, unsigned long long& page, int& tip) {
+    const int tok = c * kChunk, lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
+    page = static_cast<unsigned>(row[lpage]);
+    tip = tok - lpage * p.page_size;
+  };
+  unsigned long long page_v = 0, page_k = 0;
+  int tip_v = 0, tip_k = 0;
+  if (has_v) locate(j, page_v, tip_v);
+  if (has_k) locate(j + 1, page_k, tip_k);
+  const unsigned long long page_kp = T::kKParamLead ? page_k : page_v;
+  const int tip_kp = T::kKParamLead ? tip_k : tip_v;
+  const unsigned long long code_page = p.code_page_bytes, param_page = p.param_page_bytes;
+  const unsigned code_head = h * p.code_head_bytes, param_head = h * p.param_head_bytes;
+  // Codes: the page, this head's slice, the chunk's first 16-token row; parameters: its first
+  // token group (channel-wise) or token (token-wise).
+  auto codes = [&](unsigned long long page, int tip) {
+    return page * code_page + code_head + (unsigned)(tip / 16 * (16 * kD * T::BITS / 8));
+  };
+  auto params = [&](unsigned long long page, int tip, bool channel) {
+    return page * param_page + param_head + (unsigned)(channel ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4);
+  };
+  uint8_t* st = s.ring[stage];
+  uint64_t* full = &s.full[stage];
+  mbar_arrive_expect_tx(full, (has_k ? T::kCodeBytes : 0) + (has_kp ? T::kKParamBytes : 0) +
+                                  (has_v ? T::kCodeBytes + T::kVParamBytes : 0));
+  if (has_k) bulk_copy_g2s(st, p.k_codes + codes(page_k, tip_k), T::kCodeBytes, full);
+  if (has_kp) bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + params(page_kp, tip_kp, T::KCH), T::kKParamBytes, full);
+  if (has_v) {
+    bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + codes(page_v, tip_v), T::kCodeBytes, full);
+    bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kKParamBytes, p.v_params + params(page_v, tip_v, T::VCH),
+                  T::kVParamBytes, full);
+  }
+}
+
+// The producer warpgroup: one lane streams every stage of the CTA's items into the ring.
 template <class T>
 __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
   int it = 0;
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
-    const int32_t* row = p.page_table + (size_t)w.b * p.max_pages;
-    for (int c = w.chunk_begin; c < w.chunk_end; ++c)
+    if (w.chunk_end == w.chunk_begin) continue;
+    for (int j = w.chunk_begin - 1; j < w.chunk_end; ++j)
 #pragma unroll
-    for (int hp = 0; hp < T::HP; ++hp, ++it) {
-      const int stage = it % T::kStages;
-      mbar_wait(&s.empty[stage], ((it / T::kStages) & 1) ^ 1);  // the consumers freed it
-      const int tok = c * kChunk, h = w.h + hp;
-      const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
-      const unsigned long long page = static_cast<unsigned>(row[lpage]);
-      const int tip = tok - lpage * p.page_size;
-      // Pages hold every head: the page, this head's slice, the chunk's first 16-token row.
-      const unsigned long long codes = page * p.code_page_bytes + (unsigned)(h * p.code_head_bytes) +
-                                       (unsigned)(tip / 16 * (16 * kD * T::BITS / 8));
-      const unsigned long long params = page * p.param_page_bytes + (unsigned)(h * p.param_head_bytes);
-      const unsigned k_par = T::KCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
-      const unsigned v_par = T::VCH ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4;
-      uint8_t* st = s.ring[stage];
-      mbar_arrive_expect_tx(&s.full[stage], T::kStageBytes);
-      bulk_copy_g2s(st, p.k_codes + codes, T::kCodeBytes, &s.full[stage]);
-      bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + codes, T::kCodeBytes, &s.full[stage]);
-      bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + params + k_par, T::kKParamBytes, &s.full[stage]);
-      bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kKParamBytes, p.v_params + params + v_par, T::kVParamBytes,
-                    &s.full[stage]);
-    }
+      for (int hp = 0; hp < T::HP; ++hp, ++it) {
+        const int stage = it % T::kStages;
+        mbar_wait(&s.empty[stage], ((it / T::kStages) & 1) ^ 1);  // the consumers freed it
+        fill_stage<T>(p, s, stage, w.b, w.h + hp, w.chunk_begin, w.chunk_end, j);
+      }
   }
 }
 
@@ -356,6 +390,7 @@ struct KFoldToken {
   // channel group gk an accumulator acc_gk = sum_d q'_d / f_d (1024 + f_d c) and
   //   score log2 = 2^e lambda s_{t,gk} (acc - 1024 sum q'/f) + lambda z_{t,gk} sum q.
   static constexpr int kAcc = T::kGroupsD;
+  static constexpr bool kScoresReadStage = true;  // the chunk's per-token (scale, offset)
   float acc[kAcc][4];
   float kscale[2];       // 2^e lambda of heads 2t, 2t+1
   float c1[kAcc][2], c2[kAcc][2];  // 1024 sum q'/f and lambda sum q per channel group, heads 2t, 2t+1
@@ -459,10 +494,13 @@ struct KFoldChannel {
   // Q~ = q s lambda 2^e / f (fp16, 2^e per head keeping max |Q~| in [2^13, 2^14)) and
   // bias = sum_d Q~_d (f z / s - 1024), so that  score log2 = 2^-e (acc + bias): the offset rides
   // on the same rounded Q~ as the codes, so each channel carries one centred rounding.
-  // A chunk holding two token groups (G = 32) runs one wgmma chain per group, each warp giving
-  // zero operands to the group it does not hold.
+  // A chunk holding two token groups (G = 32) runs one wgmma chain per group into an accumulator
+  // of its own, all warps giving their operands to both; each warp keeps the accumulator of its
+  // own group. (Zero operands for the other group instead cost a select per operand register
+  // and, with both chains in flight, spilled; ptxas otherwise serialized every wgmma.)
   static constexpr int kGroups = T::kGroupsT;
-  float acc[1][4];
+  static constexpr bool kScoresReadStage = false;
+  float acc[kGroups][4];
   float bias[2], inv[2];  // of this thread's group, heads 2t, 2t+1
 
   // Once per item: the rows of Q~ that begin_chunk may not write are zeroed (padding columns, and
@@ -496,12 +534,6 @@ struct KFoldChannel {
   // operands are built.
   __device__ __forceinline__ void begin_chunk(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
                                               const uint8_t* const (&par)[T::HP], bool group_starts) {
-    if constexpr (FOSCAR_REBUILD_NARROW) {  // lab
-      if (group_starts && p.cols <= kN / 2) {
-        rebuild_narrow(p, s, L, par);
-        return;
-      }
-    }
     if (!group_starts || 2 * L.warp >= p.cols) return;
     const QSlice qs(L.tid);
     const int hp = qs.head<T>(p);
@@ -526,32 +558,6 @@ struct KFoldChannel {
     }
     fence_proxy_async_smem();
   }
-  // Lab (FOSCAR_REBUILD_NARROW=1): items of at most 4 columns, 4 channels per thread and 32
-  // threads per column, so that all four warps share the rebuild (the default gives two warps 8
-  // channels each and leaves two idle at the barrier).
-  __device__ __forceinline__ void rebuild_narrow(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
-                                                 const uint8_t* const (&par)[T::HP]) {
-    const int n = L.warp, d0 = 4 * L.lane;
-    if (n < p.cols) {
-      const int hp = T::HP == 1 ? 0 : n >= p.ratio;
-      const float f = k_radix<T::BITS>((d0 / 8) % (16 / T::BITS));
-      const float4 q = *reinterpret_cast<const float4*>(&s.q32[n][d0]);  // q lambda / f (setup)
-      const float qc[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int gq = 0; gq < kGroups; ++gq) {
-        const uint4 raw = lds128(of_head(par, hp) + (gq * kD + d0) * 4);
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-        uint32_t h[2];
-        int e;
-        float part = q_tilde_slice<4, 32>(qc, words, f, h, e);
-        *reinterpret_cast<uint2*>(s.q_tile[gq][hp][0] + (d0 / 16) * kBTileBytes + b_tile_offset(d0 % 16, n)) =
-            make_uint2(h[0], h[1]);
-        part = reduce_lanes<32, false>(part);
-        if (L.lane == 0) s.kconst[gq][n][0] = part, s.kconst[gq][n][1] = exp2_int(-e);
-      }
-    }
-    fence_proxy_async_smem();
-  }
   __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, bool group_starts) {
     if (!group_starts) return;
     named_barrier(kConsumerBarrier, kConsumerThreads);
@@ -564,16 +570,15 @@ struct KFoldChannel {
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
       const uint32_t base = b_tile_desc(smem_u32(s.q_tile[gq][hp][0]));
-      const bool mine = my_group(L) == gq;
 #pragma unroll
       for (int kt = 0; kt < 8; ++kt)
-        wgmma_m64n8k16<true>(acc[0], mine ? a[kt][0] : 0u, mine ? a[kt][1] : 0u, mine ? a[kt][2] : 0u,
-                             mine ? a[kt][3] : 0u, base + kt * kBTileDescStep);
+        wgmma_m64n8k16<true>(acc[gq], a[kt][0], a[kt][1], a[kt][2], a[kt][3], base + kt * kBTileDescStep);
     }
   }
-  __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane&, const uint8_t*, float (&x)[4]) const {
+  __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane& L, const uint8_t*, float (&x)[4]) const {
+    const bool second = kGroups > 1 && my_group(L) > 0;  // kGroups is 1 or 2
 #pragma unroll
-    for (int e = 0; e < 4; ++e) x[e] = (acc[0][e] + bias[e & 1]) * inv[e & 1];
+    for (int e = 0; e < 4; ++e) x[e] = ((second ? acc[kGroups - 1][e] : acc[0][e]) + bias[e & 1]) * inv[e & 1];
   }
 };
 
@@ -581,6 +586,7 @@ template <class T>
 struct KDequant {
   // The ablation, channel-wise K: every element becomes s c + z (fp32, rounded once to fp16)
   // before the MMA; B = q' = q 2^-e (fp16).  score log2 = 2^e lambda acc.
+  static constexpr bool kScoresReadStage = false;
   float acc[1][4];
   float kscale[2];
   __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
@@ -693,10 +699,10 @@ __device__ __forceinline__ void load_query(const DecodeParams& p, SharedStorage<
   ks.load_constants(s, L);
 }
 
-// The S side of an item's chunk loop: the ring's stages counted from the current chunk (a
-// chunk is T::HP stages, one per KV head of the item), chunk c's S operands (the B tiles when a
-// token group starts, the A operands of warp w's 16-token tile of one head), the first chunk's
-// S, and a chunk's masked scores.
+// The S side of an item's chunk loop: the ring stage of the current trip (T::HP stages, one per
+// KV head of the item; the skewed ring of fill_stage()), the next chunk's S operands built from it
+// (the B tiles when a token group starts, the A operands of warp w's 16-token tile of one head),
+// the first chunk's S, and a chunk's masked scores.
 template <class T, class KSide>
 struct SStream {
   const DecodeParams& p;
@@ -704,29 +710,35 @@ struct SStream {
   const Lane& L;
   const WorkItem& w;
   KSide& ks;
-  const int& it;       // stages consumed by this CTA before the current chunk
+  const int& it;       // stages consumed by this CTA before the current trip
   uint32_t a[8][4];  // the S operands prepared last (one head's)
 
-  // Head hp's stage of the chunk k after the current one.
-  __device__ __forceinline__ const uint8_t* stage(int k, int hp = 0) const {
-    return s.ring[(it + k * T::HP + hp) % T::kStages];
-  }
-  __device__ __forceinline__ void wait(int k) const {
+  // Head hp's stage of the current trip.
+  __device__ __forceinline__ const uint8_t* stage(int hp = 0) const { return s.ring[(it + hp) % T::kStages]; }
+  __device__ __forceinline__ void wait() const {
 #pragma unroll
     for (int hp = 0; hp < T::HP; ++hp) {
-      const int i = it + k * T::HP + hp;
+      const int i = it + hp;
       mbar_wait(&s.full[i % T::kStages], (i / T::kStages) & 1);
     }
   }
-  // Head hp's S operands of chunk k (chunk index c); before the wgmma fence. The first head's
-  // call rebuilds the B tiles of every head when a token group starts.
-  __device__ __forceinline__ void prepare(int k, int c, int hp) {
+  // The current trip's stages back to the producer, once every lane of the warp is done with them.
+  __device__ __forceinline__ void release() const {
+    __syncwarp();
+    if (L.lane == 0) {
+#pragma unroll
+      for (int hp = 0; hp < T::HP; ++hp) mbar_arrive(&s.empty[(it + hp) % T::kStages]);
+    }
+  }
+  // Head hp's S operands of chunk c from the current trip's stages; before the wgmma fence. The
+  // first head's call rebuilds the B tiles of every head when a token group starts.
+  __device__ __forceinline__ void prepare(int c, int hp) {
     const bool group_starts = c == w.chunk_begin || (c * kChunk) % T::G == 0;
-    const uint8_t* st = stage(k, hp);
+    const uint8_t* st = stage(hp);
     if (hp == 0) {
       const uint8_t* k_par[T::HP];
 #pragma unroll
-      for (int h = 0; h < T::HP; ++h) k_par[h] = stage(k, h) + 2 * T::kCodeBytes;
+      for (int h = 0; h < T::HP; ++h) k_par[h] = stage(h) + 2 * T::kCodeBytes;
       ks.begin_chunk(p, s, L, k_par, group_starts);
     }
     k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
@@ -745,21 +757,21 @@ struct SStream {
     wgmma_wait<0>();
     pin_accumulators(ks.acc);
   }
-  // S of the item's first chunk, completed.
+  // S of the item's first chunk from the item's first stage (its K only), completed; the caller
+  // releases that stage.
   __device__ __forceinline__ void first() {
-    if (w.chunk_end == w.chunk_begin) return;
-    wait(0);
+    wait();
     zero_accumulators(ks.acc);
 #pragma unroll
     for (int hp = 0; hp < T::HP; ++hp) {  // one head at a time (one operand set)
-      prepare(0, w.chunk_begin, hp);
+      prepare(w.chunk_begin, hp);
       issue(hp);
       complete();
     }
   }
   // Log2-domain scores of chunk c (its S completed), -inf past the packed length.
   __device__ __forceinline__ void scores(int c, float (&x)[4]) const {
-    ks.scores(s, L, stage(0, L.hp) + 2 * T::kCodeBytes, x);
+    ks.scores(s, L, stage(L.hp) + 2 * T::kCodeBytes, x);
     const int tok0 = c * kChunk;
     if (tok0 + kChunk > w.packed_len) {
 #pragma unroll
