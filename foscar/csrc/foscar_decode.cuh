@@ -2,8 +2,8 @@
 //
 // A persistent CTA of two warpgroups loops over work items (sequence, KV head, split):
 //   - the producer (warp 0) streams each item's 64-token chunks into a shared-memory ring with
-//     the bulk copy engine: K codes, V codes and their (scale, offset) runs, completing on the
-//     stage's "full" mbarrier;
+//     the bulk copy engine, skewed by one chunk: the stage of trip c holds chunk c's V codes and
+//     (scale, offset) run and chunk c + 1's K (fill_stage), completing on its "full" mbarrier;
 //   - the consumer warpgroup turns the packed codes into Tensor Core A operands in registers
 //     (mantissa injection). S^T = K Q^T (tokens x heads, heads on N = 8) runs on wgmma, Q (or
 //     Q~) the B operand in shared memory; warp w holds tokens 16w .. 16w+15 of each chunk. From
