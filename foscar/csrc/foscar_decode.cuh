@@ -246,8 +246,8 @@ template <class T>
 __device__ __forceinline__ void fill_stage(const DecodeParams& p, SharedStorage<T>& s, int stage, int b, int h,
                                            int chunk_begin, int chunk_end, int j) {
   const bool has_k = j + 1 < chunk_end, has_v = j >= chunk_begin;
-  const int kp = j + T::kKParamLead;
-  const bool has_kp = kp >= chunk_begin && kp < chunk_end;
+  // The K parameters ride with the K codes (lead 1) or with the V (lead 0): same chunk, same page.
+  const bool has_kp = T::kKParamLead ? has_k : has_v;
   const int32_t* row = p.page_table + (size_t)b * p.max_pages;
   // The chunk's page and its first token in it.
   auto locate = [&](int c, unsigned long long& page, int& tip) {
