@@ -172,12 +172,17 @@ def _allocate(config, batch, heads, dim, packed, extra_pages, shuffle, seed, dev
     def zeros(*shape, dtype):
         return torch.zeros(*shape, dtype=dtype, device=device)
 
+    def unwritten_params(*shape):  # (scale 1, offset 0): no scale is 0 (docs/FORMAT.md)
+        params = zeros(*shape, 2, dtype=pdt)
+        params[..., 0] = 1
+        return params
+
     return QuantizedKVCache(
         config=config,
         k_codes=zeros(num_pages, heads, page // 16, words, dtype=torch.int32),
         v_codes=zeros(num_pages, heads, page // 16, words, dtype=torch.int32),
-        k_params=zeros(num_pages, heads, params, 2, dtype=pdt),
-        v_params=zeros(num_pages, heads, params, 2, dtype=pdt),
+        k_params=unwritten_params(num_pages, heads, params),
+        v_params=unwritten_params(num_pages, heads, params),
         page_table=table.to(device),
         seq_lens=zeros(batch, dtype=torch.int32),
         tail_lens=zeros(batch, dtype=torch.int32),
@@ -248,19 +253,20 @@ def _quantize_block(x: torch.Tensor, mode: str, config: QuantConfig) -> tuple[to
 
 
 def _scale_offset(lo: torch.Tensor, hi: torch.Tensor, config: QuantConfig):
-    """Min/max parameters, rounded to the param dtype before any code is computed."""
+    """Min/max parameters, rounded to the param dtype before any code is computed. A constant
+    group (a scale that rounds to 0) stores the scale 1: its codes come out 0 and it stands for
+    z, and the kernels divide by every scale as it is (docs/FORMAT.md)."""
     levels = (1 << config.bits) - 1
     pdt = config.torch_param_dtype
     scale = ((hi.double() - lo.double()) / levels).to(pdt)
-    return scale, lo.to(pdt)
+    return scale.masked_fill_(scale == 0, 1.0), lo.to(pdt)
 
 
 def _codes(x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:
-    """clamp(round((x - z) / s)) with the stored s and z; a group with s == 0 gets code 0."""
-    scale, offset = scale.float(), offset.float()
-    constant = scale == 0
-    codes = (x - offset).div_(torch.where(constant, 1.0, scale)).round_().clamp_(0, (1 << bits) - 1)
-    return codes.masked_fill_(constant, 0).to(torch.uint8)
+    """clamp(round((x - z) / s)) with the stored s and z (a constant group's s is 1 and its values
+    are within fp16's smallest step of z, so its codes are 0)."""
+    codes = (x - offset.float()).div_(scale.float()).round_().clamp_(0, (1 << bits) - 1)
+    return codes.to(torch.uint8)
 
 
 def _store(cache: QuantizedKVCache, kind: str, phys: torch.Tensor, slot: torch.Tensor, x: torch.Tensor) -> None:

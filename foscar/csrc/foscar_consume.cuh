@@ -192,7 +192,7 @@ struct VFoldToken : WarpOut {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float2 sz = __half22float2(par[L.token(2 * r) * kGroups + gv]);
-        sc[r] = sz.x != 0.f ? sz.x : kZeroScaleStandIn;  // codes of a constant group are 0
+        sc[r] = sz.x;  // never 0 (docs/FORMAT.md)
         zs[r] = sz.y / sc[r];
       }
       uint16_t ph[4];

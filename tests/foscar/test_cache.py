@@ -114,7 +114,7 @@ def test_fp32_params(rng, k_mode, v_mode):
 
 @pytest.mark.parametrize("k_mode, v_mode", MODE_PAIRS)
 def test_constant_groups(rng, k_mode, v_mode):
-    """A constant group stores s = 0 and codes 0; its value comes back as z, with no NaN anywhere."""
+    """A constant group stores s = 1 and codes 0; its value comes back as z, with no NaN anywhere."""
     cfg = QuantConfig(bits=2, group_size=32, k_mode=k_mode, v_mode=v_mode, page_size=64)
     k, v = make_kv(rng, 2, 96, 2, 64)
     value = torch.randn(2, generator=rng) + 2.0
@@ -126,9 +126,9 @@ def test_constant_groups(rng, k_mode, v_mode):
     deq_k, deq_v = dequantize(c, dtype=torch.float64)
     assert torch.isfinite(deq_k).all() and torch.isfinite(deq_v).all()
     group = (3, 1, 1) if k_mode == "token" else (0, 1, 5)
-    assert float(view0.k_params[group][0]) == 0.0
+    assert float(view0.k_params[group][0]) == 1.0
     assert float(view0.k_params[group][1]) == float(value[0].bfloat16().half())
-    assert not view1.v_codes.any() and not view1.v_params[..., 0].any()
+    assert not view1.v_codes.any() and bool((view1.v_params[..., 0] == 1).all())
     packed = int(c.packed_lens[1])
     assert torch.equal(deq_v[1, :packed], torch.full_like(deq_v[1, :packed], float(value[1].bfloat16().half())))
 
@@ -146,7 +146,8 @@ def test_pages_are_allocated_per_sequence(rng, k_mode, v_mode):
     owned = [p for b, n in enumerate(per_seq) for p in table[b][:n]]
     assert sorted(owned + c.free_pages) == list(range(c.num_pages))
     assert all(p == 0 for b, n in enumerate(per_seq) for p in table[b][n:])  # padding entries
-    # Unused token slots of the allocated pages, and the spare pages, hold code 0 and (0, 0).
+    # Unused token slots of the allocated pages, and the spare pages, hold code 0 and (1, 0): no
+    # scale is 0, written or not.
     codes_k, codes_v = gather_codes(c, torch.arange(4))
     params_k, params_v = gather_params(c, torch.arange(4))
     for b, n in enumerate(per_seq):
@@ -154,10 +155,13 @@ def test_pages_are_allocated_per_sequence(rng, k_mode, v_mode):
         for params, mode in ((params_k, k_mode), (params_v, v_mode)):
             first = packed[b] if mode == "token" else packed[b] // 32
             last = n * 64 if mode == "token" else n * 2
-            assert not params[b, first:last].any()
+            assert bool((params[b, first:last, ..., 0] == 1).all()) and not params[b, first:last, ..., 1].any()
     free = torch.tensor(c.free_pages)
-    for t in (c.k_codes, c.v_codes, c.k_params, c.v_params):
+    for t in (c.k_codes, c.v_codes):
         assert not t[free].any()
+    for t in (c.k_params, c.v_params):
+        assert bool((t[free][..., 0] == 1).all()) and not t[free][..., 1].any()
+    assert not any(bool((t[..., 0] == 0).any()) for t in (c.k_params, c.v_params))
 
 
 def test_shuffled_pages_hold_the_same_cache(rng):

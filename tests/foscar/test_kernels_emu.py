@@ -173,7 +173,7 @@ def test_dequant_ablation_matches_reference(bits, group):
 
 @pytest.mark.parametrize("k_mode,v_mode", MODES)
 def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
-    # A constant group stores scale 0; the fold's stand-in scale must give back the offset.
+    # A constant group stores scale 1 with codes 0; the folds must give back the offset.
     config = QuantConfig(bits=4, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
     seed = RNG.randrange(1 << 30)
     gen = torch.Generator().manual_seed(seed)
@@ -185,7 +185,7 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
     v[:, 200] = 0.5
     q = torch.randn(1, 4, 128, generator=gen).to(torch.bfloat16)
     cache = foscar.quantize(k, v, [300], config)
-    assert (cache.k_params[..., 0] == 0).any() and (cache.v_params[..., 0] == 0).any()
+    assert (cache.k_params[..., 0] == 1).any() and (cache.v_params[..., 0] == 1).any()
     err = _error(q, cache, [300])
     assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
 
