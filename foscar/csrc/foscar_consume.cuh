@@ -493,7 +493,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
 template <class T, class KSide, class VSide>
 __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
   const Lane L(threadIdx.x - 128, p.ratio, T::HP);
-  int it = 0;  // stages consumed
+  RingCursor<T> ring;  // the current trip's stages
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
     KSide ks;
@@ -502,13 +502,13 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     vs.reset();
     load_query<T>(p, s, L, w, ks);
 
-    SStream<T, KSide> ss{p, s, L, w, ks, it, {}};
+    SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
     if (w.chunk_end > w.chunk_begin) {
       ss.first();
       ss.release();
-      it += T::HP;
+      ring.next_trip();
     }
-    for (int c = w.chunk_begin; c < w.chunk_end; ++c, it += T::HP) {
+    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) {
       // This trip's stages: V of chunk c (codes, parameters) and K of chunk c + 1.
       const uint8_t* v_blk[T::HP];
       const uint8_t* v_par[T::HP];

@@ -701,6 +701,28 @@ __device__ __forceinline__ void load_query(const DecodeParams& p, SharedStorage<
 // KV head of the item; the skewed ring of fill_stage()), the next chunk's S operands built from it
 // (the B tiles when a token group starts, the A operands of warp w's 16-token tile of one head),
 // the first chunk's S, and a chunk's masked scores.
+// The consumers' place in the ring: the slot of the current trip's first stage and the parity of
+// its use, kept as they advance (a division by the ring's size per stage address otherwise).
+template <class T>
+struct RingCursor {
+  int slot = 0;
+  uint32_t phase = 0;
+  // Head hp's slot and parity. A trip starts on a multiple of HP when kStages is one, so its
+  // stages never wrap within the trip.
+  __device__ __forceinline__ int slot_of(int hp) const {
+    if constexpr (T::kStages % T::HP == 0) return slot + hp;
+    return slot + hp < T::kStages ? slot + hp : slot + hp - T::kStages;
+  }
+  __device__ __forceinline__ uint32_t phase_of(int hp) const {
+    if constexpr (T::kStages % T::HP == 0) return phase;
+    return slot + hp < T::kStages ? phase : phase ^ 1u;
+  }
+  __device__ __forceinline__ void next_trip() {
+    slot += T::HP;
+    if (slot >= T::kStages) slot -= T::kStages, phase ^= 1u;
+  }
+};
+
 template <class T, class KSide>
 struct SStream {
   const DecodeParams& p;
@@ -708,24 +730,21 @@ struct SStream {
   const Lane& L;
   const WorkItem& w;
   KSide& ks;
-  const int& it;       // stages consumed by this CTA before the current trip
+  const RingCursor<T>& ring;  // the current trip's stages
   uint32_t a[8][4];  // the S operands prepared last (one head's)
 
   // Head hp's stage of the current trip.
-  __device__ __forceinline__ const uint8_t* stage(int hp = 0) const { return s.ring[(it + hp) % T::kStages]; }
+  __device__ __forceinline__ const uint8_t* stage(int hp = 0) const { return s.ring[ring.slot_of(hp)]; }
   __device__ __forceinline__ void wait() const {
 #pragma unroll
-    for (int hp = 0; hp < T::HP; ++hp) {
-      const int i = it + hp;
-      mbar_wait(&s.full[i % T::kStages], (i / T::kStages) & 1);
-    }
+    for (int hp = 0; hp < T::HP; ++hp) mbar_wait(&s.full[ring.slot_of(hp)], ring.phase_of(hp));
   }
   // The current trip's stages back to the producer, once every lane of the warp is done with them.
   __device__ __forceinline__ void release() const {
     __syncwarp();
     if (L.lane == 0) {
 #pragma unroll
-      for (int hp = 0; hp < T::HP; ++hp) mbar_arrive(&s.empty[(it + hp) % T::kStages]);
+      for (int hp = 0; hp < T::HP; ++hp) mbar_arrive(&s.empty[ring.slot_of(hp)]);
     }
   }
   // Head hp's S operands of chunk c from the current trip's stages; before the wgmma fence. The
