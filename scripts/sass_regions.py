@@ -15,6 +15,13 @@ profile the counts are static: the instructions of the main loop as `foscar-benc
 
 -lineinfo does not change the generated code; the script checks that the profile's opcodes
 match the disassembly address for address and refuses a profile of another build.
+
+--live adds each region's live registers (the most and the mean over its instructions) from
+nvdisasm's life ranges of the same cubin, and the loop's peak with the instructions at it: where
+the consumer's register budget goes (docs/PERFORMANCE.md, the next session's list).
+
+    nvdisasm -plr -lrm count k.cubin > k.live
+    python scripts/sass_regions.py k.sass --kernel ... --live k.live
 """
 from __future__ import annotations
 
@@ -86,6 +93,36 @@ def parse(disasm: str, kernel: str) -> list[Located]:
     return [Located(i, frames.get(i.addr, [])) for i in hits[0].instructions]
 
 
+_LIVE_FUNC = re.compile(r"^\s*\.text\.(\S+?):")  # the label line, with the life-range columns after it
+_LIVE_ROW = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/.*;.*//\s*\|\s*(\d+)\s*\|")
+
+
+def read_live(text: str, name: str) -> dict[int, int]:
+    """Address -> live general registers before the instruction, from `nvdisasm -plr -lrm count`
+    (its first life-range column) for function `name`."""
+    out: dict[int, int] = {}
+    inside = False
+    for line in text.splitlines():
+        if m := _LIVE_FUNC.match(line):
+            inside = m.group(1) == name
+            continue
+        if inside and (m := _LIVE_ROW.match(line)):
+            out[int(m.group(1), 16)] = int(m.group(2))
+    if not out:
+        raise SystemExit(f"no life ranges of {name} in the --live file: give `nvdisasm -plr -lrm count` of the same cubin")
+    return out
+
+
+def live_by_region(ins: list[Located], live: dict[int, int]) -> dict[str, tuple[int, float]]:
+    """Region -> (most, mean) live registers over its instructions."""
+    per: dict[str, list[int]] = collections.defaultdict(list)
+    for x in ins:
+        if x.addr not in live:
+            raise SystemExit(f"the --live file has no instruction at {x.addr:#x}: it is of another build")
+        per[region(x.frames)].append(live[x.addr])
+    return {k: (max(v), sum(v) / len(v)) for k, v in per.items()}
+
+
 def chunk_loop(ins: list[Located]) -> tuple[int, int]:
     """Index range of the main loop as `foscar-bench alu --static` picks it (suite.alu.sass)."""
     loop = sass.main_loop(sass.Function("kernel", None, [x.ins for x in ins]))
@@ -139,9 +176,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("disasm", type=Path, help="nvdisasm -gi output of a -lineinfo cubin")
     ap.add_argument("--kernel", required=True, help="substring of one mangled function name")
     ap.add_argument("--ncu-src", type=Path, help="ncu source page (csv or csv.gz) of the same build")
+    ap.add_argument("--live", type=Path, help="nvdisasm -plr -lrm count output of the same cubin")
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args(argv)
-    ins = parse(args.disasm.read_text(), args.kernel)
+    disasm = args.disasm.read_text()
+    ins = parse(disasm, args.kernel)
+    name = next(f.name for f in sass.parse_sass(disasm) if args.kernel in f.name)
+    live = read_live(args.live.read_text(), name) if args.live else None
     weights = None
     if args.ncu_src:
         _, weights = read_profile(args.ncu_src)
@@ -157,9 +198,20 @@ def main(argv: list[str] | None = None) -> None:
     rows = tabulate(ins, weights)
     total = sum(r["count"] for r in rows)
     print(f"{what}: {total:,}")
+    regs = live_by_region(ins, live) if live is not None else {}
     for r in rows[:args.top]:
         stall = f"  stalls {100 * r['stall_share']:5.1f}%" if weights is not None else ""
-        print(f"{r['count']:>13,} {100 * r['share']:5.1f}%{stall}  {r['region']:50s} {r['opcodes']}")
+        lv = f"  live {regs[r['region']][0]:3d} max {regs[r['region']][1]:5.1f} mean" if regs else ""
+        print(f"{r['count']:>13,} {100 * r['share']:5.1f}%{stall}{lv}  {r['region']:50s} {r['opcodes']}")
+    if live is not None:
+        lo, hi = chunk_loop(parse(disasm, args.kernel))
+        loop = parse(disasm, args.kernel)[lo:hi + 1]
+        peak = max(live[x.addr] for x in loop)
+        at = [x for x in loop if live[x.addr] >= peak - 1]
+        print(f"chunk loop {loop[0].addr:#x}..{loop[-1].addr:#x}: {min(live[x.addr] for x in loop)}-{peak} live registers; "
+              f"the function's most {max(live.values())}. At the loop's peak (within 1), by region:")
+        for k, n in collections.Counter(region(x.frames) for x in at).most_common(6):
+            print(f"{n:>6}  {k}")
 
 
 if __name__ == "__main__":

@@ -77,3 +77,39 @@ def test_profile_weights_and_mismatch(mod, tmp_path, capsys):
         mod.main([str(tmp_path / "k.sass"), "--kernel", "ILi4ELi128ELb1", "--ncu-src", str(tmp_path / "other.csv.gz")])
     with pytest.raises(SystemExit, match="matches 0"):
         mod.main([str(tmp_path / "k.sass"), "--kernel", "nope"])
+
+
+LIVE = f"""//--------------------- .text.{FN} --------------------------
+.text.{FN}:                                    // |       |        |        |         |
+                                               // | GPR   | PRED   | UGPR   | UPRED   |
+        /*0000*/                   S2R R0, SR_TID.X ;                                // |   1   |        |        |         |
+        /*0010*/                   LOP3.LUT R1, R2, 0xf000f, R3, 0xea, !PT ;         // |  90   |   1    |   4    |         |
+        /*0020*/                   HGMMA.64x8x16.F32 R24, R28, gdesc[UR16], RZ, !UPT ;  // | 100   |   1    |   6    |    1    |
+        /*0030*/                   HMMA.16816.F32 R4, R8, R12, RZ ;                  // | 121   |   1    |   6    |         |
+        /*0040*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;                   // | 123   |   1    |   6    |         |
+        /*0050*/               @P0 BRA `(.L_x_1) ;                                   // |  80   |   2    |   6    |         |
+        /*0060*/                   EXIT ;                                            // |   0   |        |        |         |
+//--------------------- .text.other --------------------------
+.text.other:                                   // |       |        |        |         |
+        /*0000*/                   EXIT ;                                            // | 200   |        |        |         |
+"""
+
+
+def test_live_registers_by_region(mod, tmp_path, capsys):
+    live = mod.read_live(LIVE, FN)
+    assert live[0x40] == 123 and live[0x10] == 90 and len(live) == 7  # not the other function's 200
+    ins = mod.parse(DISASM, "ILi4ELi128ELb1")
+    lo, hi = mod.chunk_loop(ins)
+    regs = mod.live_by_region(ins[lo:hi + 1], live)
+    assert regs["foscar_consume.cuh:213 <- foscar_consume.cuh:545"] == (123, (121 + 123 + 80) / 3)
+    assert regs["foscar_decode.cuh:690 <- foscar_consume.cuh:543"] == (100, 95.0)
+    (tmp_path / "k.sass").write_text(DISASM)
+    (tmp_path / "k.live").write_text(LIVE)
+    mod.main([str(tmp_path / "k.sass"), "--kernel", "ILi4ELi128ELb1", "--live", str(tmp_path / "k.live")])
+    out = capsys.readouterr().out
+    assert "80-123 live registers; the function's most 123" in out
+    assert "live 123 max 108.0 mean  foscar_consume.cuh:213" in out
+    with pytest.raises(SystemExit, match="no life ranges"):
+        mod.read_live(LIVE, "nope")
+    with pytest.raises(SystemExit, match="another build"):
+        mod.live_by_region(ins, {0x0: 1})
