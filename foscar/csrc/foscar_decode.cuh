@@ -145,8 +145,10 @@ constexpr float kNegInf = -INFINITY;
 #define FOSCAR_PAIR_STAGES_INT2 6
 #endif
 
+// A kernel's shape: everything but its occupancy (DecodeTraits adds that, from the shared memory
+// this shape takes).
 template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
-struct DecodeTraits {
+struct DecodeShape {
   static constexpr int BITS = BITS_, G = G_;
   static constexpr bool KCH = KCH_, VCH = VCH_, DEQ = DEQ_;
   static constexpr int HP = HP_;  // KV heads per item (1, or 2 paired: kv_heads_per_item)
@@ -168,12 +170,7 @@ struct DecodeTraits {
   static constexpr int kStagesKnob = HP == 1 ? (BITS == 4 ? FOSCAR_STAGES_INT4 : FOSCAR_STAGES_INT2)
                                              : (BITS == 4 ? FOSCAR_PAIR_STAGES_INT4 - (G == 32) : FOSCAR_PAIR_STAGES_INT2);
   static constexpr int kStages = kStagesKnob > 2 * HP ? kStagesKnob : 2 * HP;
-  static constexpr int kCtasPerSm = BITS == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
   static constexpr int kThreads = 256;  // producer warpgroup + consumer warpgroup
-  // Registers: the cap at entry, then the producer gives its share to the consumers.
-  static constexpr int kEntryRegs = (65536 / (kThreads * kCtasPerSm)) / 8 * 8;
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = (2 * kEntryRegs - kProducerRegs) / 8 * 8;
   static constexpr int kWordsK = kD * BITS / 64;  // K words per lane of one 16-token tile
   static constexpr bool kHasTail = KCH || VCH;
   static_assert(kStageBytes % 16 == 0 && kCodeBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
@@ -197,6 +194,24 @@ struct SharedStorage {
   float merge[4][kN / 2][kD];
   uint64_t full[T::kStages], empty[T::kStages];
   int last_split;
+};
+
+// A kernel's traits: its shape, and how many CTAs share an SM: the build's knob, or fewer where
+// this kernel's shared memory does not let that many fit (228 KB an SM, 1 KB of each CTA's the
+// system's), so that a lab build asking for more CTAs than some kernels hold still builds every
+// kernel (the default's three fit them all). The registers follow from the CTAs.
+template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
+struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
+  using Shape = DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_>;
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage<Shape>));
+  static constexpr int kCtasKnob = BITS_ == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
+  static constexpr int kCtasFit = 228 * 1024 / (kSmemBytes + 1024);
+  static constexpr int kCtasPerSm = kCtasKnob < kCtasFit ? kCtasKnob : kCtasFit;
+  static_assert(kCtasPerSm >= 1, "this kernel's shared memory does not fit an SM: fewer stages");
+  // Registers: the cap at entry, then the producer gives its share to the consumers.
+  static constexpr int kEntryRegs = (65536 / (Shape::kThreads * kCtasPerSm)) / 8 * 8;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = (2 * kEntryRegs - kProducerRegs) / 8 * 8;
 };
 
 template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>

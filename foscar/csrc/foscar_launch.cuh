@@ -15,15 +15,19 @@ struct CudaLaunch {
   static int run(const FoscarDecodeArgs& a, void* stream_ptr) {
     auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP>;
     constexpr int smem = decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP>();
-    // The CTAs per SM the kernel is made for must fit an SM's 228 KB of shared memory (1 KB of
-    // each CTA's is the system's), or occupancy drops without a word (docs/PERFORMANCE.md).
-    static_assert(DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kCtasPerSm * (smem + 1024) <= 228 * 1024,
-                  "this build's ring does not let kCtasPerSm CTAs share an SM: fewer stages");
+    // The kernel is made for as many CTAs per SM as its shared memory lets share an SM, up to the
+    // build's knob (DecodeTraits); every kernel must hold the default's three (or the knob, if
+    // fewer), or its occupancy would drop without a word (docs/PERFORMANCE.md).
+    using Tr = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
+    static_assert(Tr::kCtasPerSm * (smem + 1024) <= 228 * 1024, "kCtasPerSm CTAs must fit an SM's shared memory");
+    static_assert(Tr::kCtasPerSm >= (Tr::kCtasKnob < 3 ? Tr::kCtasKnob : 3),
+                  "this build's ring does not let three CTAs share an SM: fewer stages");
     const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
     // This library links its own CUDA runtime, whose current device is not the caller's:
     // set it from the tensors' device, and raise the shared-memory limit once per device.
     constexpr int kMaxDevices = 64;
     static std::atomic<bool> attr_set[kMaxDevices];
+    static std::atomic<int> resident[kMaxDevices];  // this kernel's CTAs that the device holds at once
     if (a.device < 0 || a.device >= kMaxDevices) {
       last_error() = "device index " + std::to_string(a.device) + " is out of range 0.." +
                      std::to_string(kMaxDevices - 1);
@@ -50,12 +54,20 @@ struct CudaLaunch {
         last_error() = std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
         return 1;
       }
+      int sms = 0;
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.device);
+      resident[a.device].store(sms * Tr::kCtasPerSm);
       attr_set[a.device].store(true);
     }
     (void)cudaGetLastError();  // report only what this launch causes
     const DecodeParams p = make_params(a);
     using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
-    kernel<<<a.num_ctas, T::kThreads, smem, stream>>>(p);
+    // A persistent grid no larger than what the device holds at once: the planner sizes it by
+    // foscar_ctas_per_sm(), and a lab build's kernel that holds fewer CTAs than the knob asks
+    // (DecodeTraits) would otherwise run its last CTAs in a second wave.
+    const int resident_ctas = resident[a.device].load();
+    const int ctas = resident_ctas > 0 && a.num_ctas > resident_ctas ? resident_ctas : a.num_ctas;
+    kernel<<<ctas, T::kThreads, smem, stream>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess) {
       last_error() = std::string("kernel launch: ") + cudaGetErrorString(e);

@@ -197,6 +197,8 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
     ("-DFOSCAR_PV_SPLIT=1",),  # a paired trip's V slices split 1 / 3 between its two S groups
     # 2 CTAs per SM with an 8-stage paired ring
     ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_PAIR_STAGES_INT4=8", "-DFOSCAR_PAIR_STAGES_INT2=8"),
+    # 4 CTAs per SM with 4 paired INT4 stages: the kernels whose shared memory holds fewer keep 3
+    ("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4"),
 ])
 def test_build_knobs_compute_the_same_function(knobs):
     # The lab's variants (ring depth: a ring of 2 stages makes the producer wait on every chunk;
@@ -228,3 +230,12 @@ def test_bad_input_is_one_clear_error():
         emu.decode(torch.randn(1, 4, 128), cache)
     with pytest.raises(ValueError, match="1 to 8"):
         emu.decode(torch.randn(1, 16, 128).to(torch.bfloat16), cache)
+
+
+def test_ctas_per_sm_are_the_knobs_where_the_kernel_fits():
+    # The library reports the CTAs per SM of its G = 128 kernels, which the planner sizes the grid
+    # by: the knob where their shared memory lets that many share an SM (DecodeTraits).
+    from foscar import emu
+    assert emu.load().foscar_emu_ctas_per_sm(4) == 3 and emu.load().foscar_emu_ctas_per_sm(2) == 3
+    lib = emu.load(("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4"))
+    assert lib.foscar_emu_ctas_per_sm(4) == 4 and lib.foscar_emu_ctas_per_sm(2) == 4
