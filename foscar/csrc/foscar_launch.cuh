@@ -61,13 +61,12 @@ struct CudaLaunch {
     }
     (void)cudaGetLastError();  // report only what this launch causes
     const DecodeParams p = make_params(a);
-    using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
     // A persistent grid no larger than what the device holds at once: the planner sizes it by
     // foscar_ctas_per_sm(), and a lab build's kernel that holds fewer CTAs than the knob asks
     // (DecodeTraits) would otherwise run its last CTAs in a second wave.
     const int resident_ctas = resident[a.device].load();
     const int ctas = resident_ctas > 0 && a.num_ctas > resident_ctas ? resident_ctas : a.num_ctas;
-    kernel<<<ctas, T::kThreads, smem, stream>>>(p);
+    kernel<<<ctas, Tr::kThreads, smem, stream>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess) {
       last_error() = std::string("kernel launch: ") + cudaGetErrorString(e);
