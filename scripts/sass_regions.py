@@ -82,15 +82,22 @@ def _frames(disasm: str, name: str) -> dict[int, list[str]]:
     return out
 
 
-def parse(disasm: str, kernel: str) -> list[Located]:
-    """The instructions of the one function whose mangled name contains `kernel`."""
+def find_function(disasm: str, kernel: str) -> sass.Function:
+    """The one function whose mangled name contains `kernel`."""
     funcs = sass.parse_sass(disasm)
     hits = [f for f in funcs if kernel in f.name]
     if len(hits) != 1:
         raise SystemExit(f"--kernel {kernel!r} matches {len(hits)} of the {len(funcs)} functions "
                          f"(e.g. {[f.name for f in funcs[:3]]}); give a substring of exactly one mangled name.")
-    frames = _frames(disasm, hits[0].name)
-    return [Located(i, frames.get(i.addr, [])) for i in hits[0].instructions]
+    return hits[0]
+
+
+def parse(disasm: str, kernel: str, function: sass.Function | None = None) -> list[Located]:
+    """The instructions of the one function whose mangled name contains `kernel` (or of
+    `function`, found already)."""
+    fn = function or find_function(disasm, kernel)
+    frames = _frames(disasm, fn.name)
+    return [Located(i, frames.get(i.addr, [])) for i in fn.instructions]
 
 
 _LIVE_FUNC = re.compile(r"^\s*\.text\.(\S+?):")  # the label line, with the life-range columns after it
@@ -180,9 +187,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args(argv)
     disasm = args.disasm.read_text()
-    ins = parse(disasm, args.kernel)
-    name = next(f.name for f in sass.parse_sass(disasm) if args.kernel in f.name)
-    live = read_live(args.live.read_text(), name) if args.live else None
+    fn = find_function(disasm, args.kernel)
+    ins = parse(disasm, args.kernel, fn)
+    live = read_live(args.live.read_text(), fn.name) if args.live else None
+    loop = None
+    if not args.ncu_src or live is not None:
+        lo, hi = chunk_loop(ins)
+        loop = ins[lo:hi + 1]
     weights = None
     if args.ncu_src:
         _, weights = read_profile(args.ncu_src)
@@ -192,8 +203,7 @@ def main(argv: list[str] | None = None) -> None:
                              f"{len(ins)} instructions, {len(bad)} opcodes differ")
         what = "executed warp instructions, whole kernel"
     else:
-        lo, hi = chunk_loop(ins)
-        ins = ins[lo:hi + 1]
+        ins = loop
         what = f"static instructions of the chunk loop {ins[0].addr:#x}..{ins[-1].addr:#x}"
     rows = tabulate(ins, weights)
     total = sum(r["count"] for r in rows)
@@ -204,8 +214,6 @@ def main(argv: list[str] | None = None) -> None:
         lv = f"  live {regs[r['region']][0]:3d} max {regs[r['region']][1]:5.1f} mean" if regs else ""
         print(f"{r['count']:>13,} {100 * r['share']:5.1f}%{stall}{lv}  {r['region']:50s} {r['opcodes']}")
     if live is not None:
-        lo, hi = chunk_loop(parse(disasm, args.kernel))
-        loop = parse(disasm, args.kernel)[lo:hi + 1]
         peak = max(live[x.addr] for x in loop)
         at = [x for x in loop if live[x.addr] >= peak - 1]
         print(f"chunk loop {loop[0].addr:#x}..{loop[-1].addr:#x}: {min(live[x.addr] for x in loop)}-{peak} live registers; "

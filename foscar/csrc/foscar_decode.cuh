@@ -120,11 +120,12 @@ constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warpgroup 
 constexpr float kNegInf = -INFINITY;
 
 // Build knobs (foscar.build passes -D flags; scripts/kernel_lab.py compares them).
+constexpr int kDefaultCtasPerSm = 3;  // the CTAS knobs' default, and what every kernel must hold
 #ifndef FOSCAR_CTAS_INT4
-#define FOSCAR_CTAS_INT4 3
+#define FOSCAR_CTAS_INT4 3  // kDefaultCtasPerSm
 #endif
 #ifndef FOSCAR_CTAS_INT2
-#define FOSCAR_CTAS_INT2 3
+#define FOSCAR_CTAS_INT2 3  // kDefaultCtasPerSm
 #endif
 #ifndef FOSCAR_STAGES_INT4
 #define FOSCAR_STAGES_INT4 4
@@ -199,7 +200,9 @@ struct SharedStorage {
 // A kernel's traits: its shape, and how many CTAs share an SM: the build's knob, or fewer where
 // this kernel's shared memory does not let that many fit (228 KB an SM, 1 KB of each CTA's the
 // system's), so that a lab build asking for more CTAs than some kernels hold still builds every
-// kernel (the default's three fit them all). The registers follow from the CTAs.
+// kernel. Every kernel must hold the default's three (or the knob, if fewer): a ring that
+// silently dropped a kernel to two would lose a third of its warps (docs/PERFORMANCE.md). The
+// registers follow from the CTAs.
 template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
 struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   using Shape = DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_>;
@@ -207,7 +210,8 @@ struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   static constexpr int kCtasKnob = BITS_ == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
   static constexpr int kCtasFit = 228 * 1024 / (kSmemBytes + 1024);
   static constexpr int kCtasPerSm = kCtasKnob < kCtasFit ? kCtasKnob : kCtasFit;
-  static_assert(kCtasPerSm >= 1, "this kernel's shared memory does not fit an SM: fewer stages");
+  static_assert(kCtasPerSm >= (kCtasKnob < kDefaultCtasPerSm ? kCtasKnob : kDefaultCtasPerSm),
+                "this build's ring does not let three CTAs share an SM: fewer stages");
   // Registers: the cap at entry, then the producer gives its share to the consumers.
   static constexpr int kEntryRegs = (65536 / (Shape::kThreads * kCtasPerSm)) / 8 * 8;
   static constexpr int kProducerRegs = 24;
@@ -216,7 +220,7 @@ struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
 
 template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
 constexpr int decode_smem_bytes() {
-  return static_cast<int>(sizeof(SharedStorage<DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>>));
+  return DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kSmemBytes;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -297,19 +301,42 @@ __device__ __forceinline__ void fill_stage(const DecodeParams& p, SharedStorage<
   }
 }
 
+// A place in the ring: a slot and the parity of its use, kept as it advances (a division by the
+// ring's size per stage otherwise). The producer's is the next stage to fill, the consumers' the
+// first stage of their current trip.
+template <class T>
+struct RingCursor {
+  int slot = 0;
+  uint32_t phase = 0;
+  // Head hp's slot and parity in a trip that starts here. A trip starts on a multiple of HP when
+  // kStages is one, so its stages never wrap within the trip.
+  __device__ __forceinline__ int slot_of(int hp) const {
+    if constexpr (T::kStages % T::HP == 0) return slot + hp;
+    return slot + hp < T::kStages ? slot + hp : slot + hp - T::kStages;
+  }
+  __device__ __forceinline__ uint32_t phase_of(int hp) const {
+    if constexpr (T::kStages % T::HP == 0) return phase;
+    return slot + hp < T::kStages ? phase : phase ^ 1u;
+  }
+  __device__ __forceinline__ void advance(int stages) {  // stages <= kStages
+    slot += stages;
+    if (slot >= T::kStages) slot -= T::kStages, phase ^= 1u;
+  }
+  __device__ __forceinline__ void next_trip() { advance(T::HP); }
+};
+
 // The producer warpgroup: one lane streams every stage of the CTA's items into the ring.
 template <class T>
 __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
-  int it = 0;
+  RingCursor<T> ring;  // the next stage to fill
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
     if (w.chunk_end == w.chunk_begin) continue;
     for (int j = w.chunk_begin - 1; j < w.chunk_end; ++j)
 #pragma unroll
-      for (int hp = 0; hp < T::HP; ++hp, ++it) {
-        const int stage = it % T::kStages;
-        mbar_wait(&s.empty[stage], ((it / T::kStages) & 1) ^ 1);  // the consumers freed it
-        fill_stage<T>(p, s, stage, w.b, w.h + hp, w.chunk_begin, w.chunk_end, j);
+      for (int hp = 0; hp < T::HP; ++hp, ring.advance(1)) {
+        mbar_wait(&s.empty[ring.slot], ring.phase ^ 1u);  // the consumers freed its last use
+        fill_stage<T>(p, s, ring.slot, w.b, w.h + hp, w.chunk_begin, w.chunk_end, j);
       }
   }
 }
@@ -716,28 +743,6 @@ __device__ __forceinline__ void load_query(const DecodeParams& p, SharedStorage<
 // KV head of the item; the skewed ring of fill_stage()), the next chunk's S operands built from it
 // (the B tiles when a token group starts, the A operands of warp w's 16-token tile of one head),
 // the first chunk's S, and a chunk's masked scores.
-// The consumers' place in the ring: the slot of the current trip's first stage and the parity of
-// its use, kept as they advance (a division by the ring's size per stage address otherwise).
-template <class T>
-struct RingCursor {
-  int slot = 0;
-  uint32_t phase = 0;
-  // Head hp's slot and parity. A trip starts on a multiple of HP when kStages is one, so its
-  // stages never wrap within the trip.
-  __device__ __forceinline__ int slot_of(int hp) const {
-    if constexpr (T::kStages % T::HP == 0) return slot + hp;
-    return slot + hp < T::kStages ? slot + hp : slot + hp - T::kStages;
-  }
-  __device__ __forceinline__ uint32_t phase_of(int hp) const {
-    if constexpr (T::kStages % T::HP == 0) return phase;
-    return slot + hp < T::kStages ? phase : phase ^ 1u;
-  }
-  __device__ __forceinline__ void next_trip() {
-    slot += T::HP;
-    if (slot >= T::kStages) slot -= T::kStages, phase ^= 1u;
-  }
-};
-
 template <class T, class KSide>
 struct SStream {
   const DecodeParams& p;

@@ -3,7 +3,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
 
 #include "foscar_decode.cuh"
 #include "foscar_dispatch.h"
@@ -15,19 +17,13 @@ struct CudaLaunch {
   static int run(const FoscarDecodeArgs& a, void* stream_ptr) {
     auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP>;
     constexpr int smem = decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP>();
-    // The kernel is made for as many CTAs per SM as its shared memory lets share an SM, up to the
-    // build's knob (DecodeTraits); every kernel must hold the default's three (or the knob, if
-    // fewer), or its occupancy would drop without a word (docs/PERFORMANCE.md).
-    using Tr = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
-    static_assert(Tr::kCtasPerSm * (smem + 1024) <= 228 * 1024, "kCtasPerSm CTAs must fit an SM's shared memory");
-    static_assert(Tr::kCtasPerSm >= (Tr::kCtasKnob < 3 ? Tr::kCtasKnob : 3),
-                  "this build's ring does not let three CTAs share an SM: fewer stages");
+    using Tr = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;  // its CTAs per SM fit its shared memory
     const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
     // This library links its own CUDA runtime, whose current device is not the caller's:
     // set it from the tensors' device, and raise the shared-memory limit once per device.
     constexpr int kMaxDevices = 64;
-    static std::atomic<bool> attr_set[kMaxDevices];
-    static std::atomic<int> resident[kMaxDevices];  // this kernel's CTAs that the device holds at once
+    // This kernel's CTAs that the device holds at once; 0 until the device is set up.
+    static std::atomic<int> resident[kMaxDevices];
     if (a.device < 0 || a.device >= kMaxDevices) {
       last_error() = "device index " + std::to_string(a.device) + " is out of range 0.." +
                      std::to_string(kMaxDevices - 1);
@@ -38,7 +34,7 @@ struct CudaLaunch {
       last_error() = std::string("cudaSetDevice: ") + cudaGetErrorString(e);
       return 1;
     }
-    if (!attr_set[a.device].load()) {
+    if (resident[a.device].load() == 0) {
       int limit = 0;
       cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device);
       if (smem > limit) {
@@ -56,16 +52,14 @@ struct CudaLaunch {
       }
       int sms = 0;
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.device);
-      resident[a.device].store(sms * Tr::kCtasPerSm);
-      attr_set[a.device].store(true);
+      resident[a.device].store(sms > 0 ? sms * Tr::kCtasPerSm : INT_MAX);  // unknown: no trim
     }
     (void)cudaGetLastError();  // report only what this launch causes
     const DecodeParams p = make_params(a);
     // A persistent grid no larger than what the device holds at once: the planner sizes it by
     // foscar_ctas_per_sm(), and a lab build's kernel that holds fewer CTAs than the knob asks
     // (DecodeTraits) would otherwise run its last CTAs in a second wave.
-    const int resident_ctas = resident[a.device].load();
-    const int ctas = resident_ctas > 0 && a.num_ctas > resident_ctas ? resident_ctas : a.num_ctas;
+    const int ctas = std::min(a.num_ctas, resident[a.device].load());
     kernel<<<ctas, Tr::kThreads, smem, stream>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess) {
