@@ -111,7 +111,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
         return keep[-3], keep[-2], keep[-1]
 
     args = kernels.launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
-                               num_sms=num_sms, ctas_per_sm=lib.foscar_emu_ctas_per_sm(cache.config.bits),
+                               num_sms=num_sms, ctas_per_sm=lib.foscar_emu_ctas_per_sm,
                                max_kv_heads_per_item=lib.foscar_emu_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                                kv_heads_per_item=kv_heads_per_item,
                                workspace=workspace)

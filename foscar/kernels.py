@@ -10,13 +10,14 @@ import ctypes
 from dataclasses import dataclass
 import math
 import threading
+from typing import Callable
 
 import torch
 
 from foscar.cache import QuantizedKVCache
 from foscar.config import QuantConfig
 
-CTAS_PER_SM = 3  # what the default build is made for (foscar_ctas_per_sm asks the library)
+CTAS_PER_SM = 3  # the planner's default; a launch asks the library's foscar_ctas_per_sm for its instance
 CHUNK_TOKENS = 64
 MAX_SPLITS = 64  # the planner's
 MAX_FORCED_SPLITS = 128  # the kernels' (foscar_dispatch.h: the split merge's shared-memory weights)
@@ -74,7 +75,7 @@ def bind(lib: ctypes.CDLL, prefix: str) -> ctypes.CDLL:
     decode.restype = ctypes.c_int
     getattr(lib, f"{prefix}_last_error").restype = ctypes.c_char_p
     ctas = getattr(lib, f"{prefix}_ctas_per_sm")
-    ctas.argtypes = [ctypes.c_int]
+    ctas.argtypes = [ctypes.c_int] * 6
     ctas.restype = ctypes.c_int
     heads = getattr(lib, f"{prefix}_kv_heads_per_item")
     heads.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -230,7 +231,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     args = launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
-                       num_sms=num_sms, ctas_per_sm=lib.foscar_ctas_per_sm(cache.config.bits),
+                       num_sms=num_sms, ctas_per_sm=lib.foscar_ctas_per_sm,
                        max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                        kv_heads_per_item=kv_heads_per_item,
                        workspace=lambda *sizes: _workspace(q.device, *sizes), device=device)
@@ -242,10 +243,13 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
 
 
 def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, sm_scale: float | None,
-                variant: str, num_splits: int | None, num_sms: int, ctas_per_sm: int,
+                variant: str, num_splits: int | None, num_sms: int, ctas_per_sm: int | Callable[..., int],
                 workspace, device: int = 0, max_kv_heads_per_item: int = 1,
                 kv_heads_per_item: int | None = None) -> _Args:
     """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
+
+    `ctas_per_sm` is a count, or the library's foscar_ctas_per_sm, asked for the kernel instance
+    this launch runs (instances of one build may hold different numbers of CTAs per SM).
 
     `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the zeroed
     arrival counters; the struct holds raw pointers, so the caller keeps every tensor alive
@@ -260,6 +264,13 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         raise ValueError(f"kv_heads_per_item={kv_heads_per_item!r} is not possible for {num_q_heads} query heads "
                          f"over {cache.num_kv_heads} KV heads with this build; pass 1, "
                          f"{max_kv_heads_per_item} or None for the planner's choice.")
+    if callable(ctas_per_sm):
+        ctas_per_sm = ctas_per_sm(cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"),
+                                  int(cfg.v_mode == "channel"), int(variant == "dequant"), kv_heads_per_item)
+        if ctas_per_sm < 1:
+            raise ValueError(f"the library builds no {variant} kernel for {cfg.bits}-bit codes, group_size="
+                             f"{cfg.group_size}, K {cfg.k_mode}-wise, V {cfg.v_mode}-wise with {kv_heads_per_item} "
+                             f"KV head(s) per item; check foscar.kernels.unsupported_reason first.")
     plan = _plan_cached(cache, num_sms, ctas_per_sm, kv_heads_per_item)
     splits, per_split, ctas = plan.num_splits, plan.chunks_per_split, plan.num_ctas
     if num_splits is not None:

@@ -59,6 +59,10 @@ def make_case(args: argparse.Namespace, spec: str):
                 page_size=args.page, model=model)
 
 
+def ctas(lib, bits: int) -> str:
+    return "/".join(str(lib.foscar_ctas_per_sm(bits, 128, 1, 0, 0, hp)) for hp in (1, 2))
+
+
 def build_variants(variants: list[tuple[str, tuple[str, ...]]]) -> dict:
     """name -> loaded library, each build's registers and spills printed."""
     from foscar import kernels
@@ -73,7 +77,8 @@ def build_variants(variants: list[tuple[str, tuple[str, ...]]]) -> dict:
         regs = sorted({r.registers for r in hot})
         spills = sum(r.spill_store_bytes + r.spill_load_bytes for r in hot)
         print(f"built {name} {' '.join(defines) or '(defaults)'}: registers {regs}, spill bytes {spills}, "
-              f"CTAs/SM int4 {libs[name].foscar_ctas_per_sm(4)} int2 {libs[name].foscar_ctas_per_sm(2)}",
+              f"CTAs/SM (G = 128, K channel, V token, one head / paired) int4 {ctas(libs[name], 4)} "
+              f"int2 {ctas(libs[name], 2)}",
               flush=True)
     print(f"builds: {time.time() - t0:.0f} s", flush=True)
     return libs

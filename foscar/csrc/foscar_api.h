@@ -46,8 +46,10 @@ typedef struct FoscarDecodeArgs {
  * on success; otherwise foscar_last_error() says what was wrong. */
 FOSCAR_EXPORT int foscar_decode(const FoscarDecodeArgs* args, void* stream);
 FOSCAR_EXPORT const char* foscar_last_error(void);
-/* CTAs per SM the decode kernels of this build are made for (the planner sizes the grid). */
-FOSCAR_EXPORT int foscar_ctas_per_sm(int bits);
+/* CTAs per SM one decode kernel instance is made for (the planner sizes the persistent grid by
+ * it), or -1 if it is not built. */
+FOSCAR_EXPORT int foscar_ctas_per_sm(int bits, int group_size, int k_channel, int v_channel, int dequant,
+                                     int heads_per_item);
 /* Dynamic shared memory per CTA of one decode kernel instance, or -1 if it is not built. */
 FOSCAR_EXPORT int foscar_decode_smem_bytes(int bits, int group_size, int k_channel, int v_channel, int dequant,
                                            int heads_per_item);

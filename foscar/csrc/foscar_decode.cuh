@@ -120,12 +120,14 @@ constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warpgroup 
 constexpr float kNegInf = -INFINITY;
 
 // Build knobs (foscar.build passes -D flags; scripts/kernel_lab.py compares them).
-constexpr int kDefaultCtasPerSm = 3;  // the CTAS knobs' default, and what every kernel must hold
+// CTAs per SM, for every kernel of a width; 0 (the default) lets each kernel take its measured
+// choice, DecodeTraits::kCtasTuned. Every kernel must hold kMinCtasPerSm.
+constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_CTAS_INT4
-#define FOSCAR_CTAS_INT4 3  // kDefaultCtasPerSm
+#define FOSCAR_CTAS_INT4 0
 #endif
 #ifndef FOSCAR_CTAS_INT2
-#define FOSCAR_CTAS_INT2 3  // kDefaultCtasPerSm
+#define FOSCAR_CTAS_INT2 0
 #endif
 #ifndef FOSCAR_STAGES_INT4
 #define FOSCAR_STAGES_INT4 4
@@ -197,20 +199,26 @@ struct SharedStorage {
   int last_split;
 };
 
-// A kernel's traits: its shape, and how many CTAs share an SM: the build's knob, or fewer where
-// this kernel's shared memory does not let that many fit (228 KB an SM, 1 KB of each CTA's the
-// system's), so that a lab build asking for more CTAs than some kernels hold still builds every
-// kernel. Every kernel must hold the default's three (or the knob, if fewer): a ring that
-// silently dropped a kernel to two would lose a third of its warps (docs/PERFORMANCE.md). The
-// registers follow from the CTAs.
+// A kernel's traits: its shape, and how many CTAs share an SM: the build's knob or the kernel's
+// measured choice, or fewer where this kernel's shared memory does not let that many fit (228 KB
+// an SM, 1 KB of each CTA's the system's), so that a lab build asking for more CTAs than some
+// kernels hold still builds every kernel. Every kernel must hold three (or the knob, if fewer):
+// a ring that silently dropped a kernel to two would lose a third of its warps
+// (docs/PERFORMANCE.md). The registers follow from the CTAs.
 template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
 struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   using Shape = DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_>;
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage<Shape>));
-  static constexpr int kCtasKnob = BITS_ == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
+  // Measured (docs/PERFORMANCE.md, v14): four CTAs of INT2's paired G = 128 kernels are 4-7 %
+  // faster at batch 128 (1-2 % slower at batch 8); INT2's one-head kernels lose 0-7 % at batch 1,
+  // its G = 64 paired token-wise kernel 18 % (it spills at 104 registers), INT4 level to 3 %
+  // (its ring cut to 4 paired stages to fit).
+  static constexpr int kCtasTuned = BITS_ == 2 && G_ == 128 && HP_ == 2 && !DEQ_ ? 4 : kMinCtasPerSm;
+  static constexpr int kCtasWidthKnob = BITS_ == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
+  static constexpr int kCtasKnob = kCtasWidthKnob > 0 ? kCtasWidthKnob : kCtasTuned;
   static constexpr int kCtasFit = 228 * 1024 / (kSmemBytes + 1024);
   static constexpr int kCtasPerSm = kCtasKnob < kCtasFit ? kCtasKnob : kCtasFit;
-  static_assert(kCtasPerSm >= (kCtasKnob < kDefaultCtasPerSm ? kCtasKnob : kDefaultCtasPerSm),
+  static_assert(kCtasPerSm >= (kCtasKnob < kMinCtasPerSm ? kCtasKnob : kMinCtasPerSm),
                 "this build's ring does not let three CTAs share an SM: fewer stages");
   // Registers: the cap at entry, then the producer gives its share to the consumers.
   static constexpr int kEntryRegs = (65536 / (Shape::kThreads * kCtasPerSm)) / 8 * 8;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "foscar_api.h"
+#include "foscar_decode.cuh"
 
 namespace foscar {
 
@@ -99,6 +100,37 @@ int dispatch_bits(const FoscarDecodeArgs& a, void* s) {
       last_error() = "group_size " + std::to_string(a.group_size) + " is not built; expected 32, 64 or 128";
       return 2;
   }
+}
+
+// Launchers that answer a question about an instance instead of running it, through the same
+// dispatch, so that they answer for exactly the instances the library builds. The answer goes
+// to the int that the launch's stream argument points to.
+struct SmemQuery {  // dynamic shared memory per CTA
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+  static int run(const FoscarDecodeArgs&, void* answer) {
+    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kSmemBytes;
+    return 0;
+  }
+};
+struct CtasQuery {  // CTAs per SM (the planner sizes the persistent grid by it)
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+  static int run(const FoscarDecodeArgs&, void* answer) {
+    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kCtasPerSm;
+    return 0;
+  }
+};
+
+// One instance's answer to a query, or -1 where that instance is not built.
+template <class Query>
+int query_instance(int bits, int group_size, int k_channel, int v_channel, int dequant, int heads_per_item) {
+  if (bits != 2 && bits != 4) return -1;
+  if (heads_per_item != 1 && (heads_per_item != 2 || !FOSCAR_PAIR_HEADS)) return -1;
+  FoscarDecodeArgs a{};
+  a.bits = bits, a.group_size = group_size, a.k_channel = k_channel, a.v_channel = v_channel, a.dequant = dequant;
+  a.num_kv_heads = 2, a.num_q_heads = 8, a.kv_heads_per_item = heads_per_item;
+  int answer = -1;
+  const int rc = bits == 4 ? dispatch_bits<Query, 4>(a, &answer) : dispatch_bits<Query, 2>(a, &answer);
+  return rc == 0 ? answer : -1;
 }
 
 }  // namespace foscar

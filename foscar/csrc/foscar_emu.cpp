@@ -56,9 +56,9 @@ extern "C" FOSCAR_EXPORT int foscar_emu_decode(const FoscarDecodeArgs* a) {
 
 extern "C" FOSCAR_EXPORT const char* foscar_emu_last_error(void) { return foscar::last_error().c_str(); }
 
-extern "C" FOSCAR_EXPORT int foscar_emu_ctas_per_sm(int bits) {
-  return bits == 2 ? foscar::DecodeTraits<2, 128, true, false, false>::kCtasPerSm
-                   : foscar::DecodeTraits<4, 128, true, false, false>::kCtasPerSm;
+extern "C" FOSCAR_EXPORT int foscar_emu_ctas_per_sm(int bits, int group_size, int k_channel, int v_channel,
+                                                    int dequant, int heads_per_item) {
+  return foscar::query_instance<foscar::CtasQuery>(bits, group_size, k_channel, v_channel, dequant, heads_per_item);
 }
 
 extern "C" FOSCAR_EXPORT int foscar_emu_kv_heads_per_item(int num_q_heads, int num_kv_heads) {

@@ -233,9 +233,16 @@ def test_bad_input_is_one_clear_error():
 
 
 def test_ctas_per_sm_are_the_knobs_where_the_kernel_fits():
-    # The library reports the CTAs per SM of its G = 128 kernels, which the planner sizes the grid
-    # by: the knob where their shared memory lets that many share an SM (DecodeTraits).
+    # Each instance reports the CTAs per SM it is built for, which the planner sizes the grid by:
+    # the knob (else the kernel's measured choice) where the instance's shared memory lets that
+    # many share an SM, else fewer, never under three (DecodeTraits). Arguments: bits, group,
+    # K channel, V channel, dequant, KV heads per item.
     from foscar import emu
-    assert emu.load().foscar_emu_ctas_per_sm(4) == 3 and emu.load().foscar_emu_ctas_per_sm(2) == 3
-    lib = emu.load(("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4"))
-    assert lib.foscar_emu_ctas_per_sm(4) == 4 and lib.foscar_emu_ctas_per_sm(2) == 4
+    ctas = emu.load().foscar_emu_ctas_per_sm
+    assert [ctas(4, 128, 1, 0, 0, hp) for hp in (1, 2)] == [3, 3]
+    assert [ctas(2, 128, k, v, 0, 2) for k in (0, 1) for v in (0, 1)] == [4, 4, 4, 4]  # INT2 paired G = 128
+    assert ctas(2, 128, 1, 0, 0, 1) == 3 and ctas(2, 64, 0, 0, 0, 2) == 3 and ctas(2, 128, 1, 0, 1, 2) == 3
+    assert ctas(2, 128, 0, 0, 1, 1) == -1 and ctas(3, 128, 1, 0, 0, 1) == -1  # not built
+    lab = emu.load(("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4")).foscar_emu_ctas_per_sm
+    assert [lab(4, 128, 1, 0, 0, hp) for hp in (1, 2)] == [4, 4] and lab(4, 32, 1, 0, 0, 2) == 3
+    assert lab(2, 32, 1, 0, 0, 1) == 4 and lab(2, 32, 1, 0, 0, 2) == 3  # four rings of groups of 32 do not fit
