@@ -19,11 +19,18 @@ from foscar.config import QuantConfig
 
 CTAS_PER_SM = 3  # the planner's default; a launch asks the library's foscar_ctas_per_sm for its instance
 CHUNK_TOKENS = 64
-MAX_SPLITS = 64  # the planner's
+MAX_SPLITS = 64  # the planner's, where MAX_ITEM_CHUNKS does not ask for more
 MAX_FORCED_SPLITS = 128  # the kernels' (foscar_dispatch.h: the split merge's shared-memory weights)
+# The longest split, in chunks (32768 tokens). An item keeps its token-wise V offsets and the
+# injection's bias (1024 sum p~ / f) in its fp32 output until it ends, so the output's rounding
+# grows with the item: INT2 at batch 128 measured 2.06e-3 relative error with 32K-token items,
+# 2.9e-3 with 64K and 5.2e-3 with 128K, over the gate's 4e-3 (docs/PERFORMANCE.md, v14). Splits
+# of at most 32K tokens keep every context length where shorter ones are (1.6-2.1e-3).
+MAX_ITEM_CHUNKS = 512
 # The planner's costs, in chunk times: a work item's setup and finish beside its chunks, and the
-# merge of a sequence's splits.
-ITEM_OVERHEAD_CHUNKS = 1.5
+# merge of a sequence's splits. 4 fits split counts forced at six shapes, 3 and 4 CTAs per SM
+# (docs/data/lab_v14_splits.json); 1.5 over-split at 4 CTAs (up to 12 % slower).
+ITEM_OVERHEAD_CHUNKS = 4.0
 MERGE_CHUNKS = 1.0
 VARIANTS = ("fold", "dequant")
 
@@ -112,14 +119,16 @@ def plan_launch(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int,
                 ctas_per_sm: int = CTAS_PER_SM, kv_heads_per_item: int = 1) -> LaunchPlan:
     """The plan with the least modelled time: the busiest CTA's items, each its chunks plus a
     fixed cost, plus the merge when a sequence is split (batch 1 splits to fill the GPU; a
-    full batch splits only where that evens out the last round of items). An item covers
+    full batch splits only where that evens out the last round of items), with no split over
+    MAX_ITEM_CHUNKS (exactness; beyond MAX_FORCED_SPLITS of them, about 4M tokens, splits grow). An item covers
     `kv_heads_per_item` KV heads (the library's foscar_kv_heads_per_item); its chunk costs
     about as much as one head's."""
     slots = num_sms * ctas_per_sm
     base = batch * (num_kv_heads // kv_heads_per_item)
     max_chunks = max(1, max_chunks)
+    fewest = min(math.ceil(max_chunks / MAX_ITEM_CHUNKS), MAX_FORCED_SPLITS)  # no split over MAX_ITEM_CHUNKS
     best = None
-    for splits in range(1, min(MAX_SPLITS, max_chunks) + 1):
+    for splits in range(fewest, max(fewest, min(MAX_SPLITS, max_chunks)) + 1):
         per_split = math.ceil(max_chunks / splits)
         used = math.ceil(max_chunks / per_split)
         items = base * used
@@ -280,6 +289,11 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         max_chunks = splits * per_split
         per_split = math.ceil(max_chunks / num_splits)
         splits = math.ceil(max_chunks / per_split)
+        if per_split > max(MAX_ITEM_CHUNKS, plan.chunks_per_split):
+            raise ValueError(
+                f"num_splits={num_splits} leaves {per_split} chunks ({per_split * CHUNK_TOKENS} tokens) in a split; "
+                f"the kernels hold the gate's accuracy up to {MAX_ITEM_CHUNKS} chunks a split: pass at least "
+                f"{math.ceil(max_chunks / MAX_ITEM_CHUNKS)}, or None for the automatic plan.")
         ctas = min(batch * (cache.num_kv_heads // kv_heads_per_item) * splits, num_sms * ctas_per_sm)
     ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
                                       batch * cache.num_kv_heads)
