@@ -24,8 +24,9 @@ MAX_FORCED_SPLITS = 128  # the kernels' (foscar_dispatch.h: the split merge's sh
 # The longest split, in chunks (32768 tokens). An item keeps its token-wise V offsets and the
 # injection's bias (1024 sum p~ / f) in its fp32 output until it ends, so the output's rounding
 # grows with the item: INT2 at batch 128 measured 2.06e-3 relative error with 32K-token items,
-# 2.9e-3 with 64K and 5.2e-3 with 128K, over the gate's 4e-3 (docs/PERFORMANCE.md, v14). Splits
-# of at most 32K tokens keep every context length where shorter ones are (1.6-2.1e-3).
+# 2.9e-3 with 64K and 5.2e-3 with 128K, over the gate's 4e-3 (docs/PERFORMANCE.md, v14;
+# foscar.precision.v7_items models it on the CPU). Splits of at most 32K tokens keep every
+# context length where shorter ones are (1.6-2.1e-3).
 MAX_ITEM_CHUNKS = 512
 # The planner's costs, in chunk times: a work item's setup and finish beside its chunks, and the
 # merge of a sequence's splits. 4 fits split counts forced at six shapes, 3 and 4 CTAs per SM

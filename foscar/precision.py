@@ -10,7 +10,8 @@ random data, it grows with the context. This module replays exactly that part:
 
   p~ = p * s (token-wise V) or p (channel-wise V) in the operand type, from exact float64 p;
   raw = the chain of MMAs over a kernel's token tiles, each step through the H200 model;
-  the fold of raw into the fp32 output at the kernel's flush points, exact;
+  the fold of raw into the fp32 output at the kernel's flush points, exact, or (token-wise V,
+  `item_tokens`) in fp32 as the kernels fold it over each work item;
   the output rounded to bf16;
 
 and compares with float64 attention over the same dequantized cache. The K side is taken as
@@ -58,6 +59,12 @@ class VArithmetic:
     bias_every: int | None = None
     # Channel-wise V chains, when they differ from `chains`.
     channel_chains: ChainPlan | None = None
+    # Token-wise V, one-tile chains: None, the fold is exact; n, the kernels' fp32 fold over work
+    # items (splits) of n tokens: each warp's output adds its 16-token products in fp32, and its
+    # lanes sum p~ and the offsets p~ z / s (two tokens of each tile a lane) in fp32, until the
+    # item ends and the bias leaves. The output keeps the bias (1024 / f times the sum of p~)
+    # all along, so its rounding grows with the item (docs/PERFORMANCE.md, v14).
+    item_tokens: int | None = None
 
     @property
     def bias(self) -> float:
@@ -197,6 +204,9 @@ def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
                 # One accumulator per chain, the bias taken out every bias_every steps.
                 raw = _run_chains(mma, chains, a_val, p_op, bias_every=arith.bias_every, bias=bias)
                 o = raw / f_ch[:, None] + (p_op @ off)[None, :]
+            elif arith.item_tokens:
+                firsts, raws = _run_chains(mma, chains, a_val, p_op, per_chain=True)  # [c], [c, d, r]
+                o = _fold_items_f32(firsts, raws, p_op, off, f_ch, bias, n, arith.item_tokens)
             else:
                 raw = _run_chains(mma, chains, a_val, p_op)  # [d, r]
                 # Fold: raw / f, bias and offsets with the same rounded p~ (exact, fp32 in kernels).
@@ -256,6 +266,49 @@ def _run_chains(mma: tcmodel.MmaModel, chains: list[np.ndarray], a_val: np.ndarr
     if not per_chain:
         return sum(acc.sum(axis=0) for acc in accs)
     return np.concatenate(firsts), np.concatenate(accs)
+
+
+def _fold_items_f32(firsts: np.ndarray, raws: np.ndarray, p_op: np.ndarray, off: np.ndarray, f_ch: np.ndarray,
+                    bias: float, n: int, item_tokens: int, warps: int = 4, lanes: int = 8) -> np.ndarray:
+    """Token-wise V's fold as the kernels run it (VFoldToken), rounded to fp32 at every step:
+    per item of `item_tokens` tokens and warp (warp w takes tile w of every 64-token chunk), the
+    output adds raw / f of each of its tiles; per lane (two tokens of each tile, `lanes` lanes a
+    head) p~ and p~ z / s are summed; at the item's end the lanes' sums leave the output with
+    the bias, and the items' outputs are added. raws [c, d, r] are one-tile products (first
+    token `firsts`); returns [d, r]."""
+    if item_tokens % (TILE * warps):
+        raise ValueError(f"item_tokens={item_tokens} is not a whole number of {TILE * warps}-token chunks")
+    if raws.shape[0] != math.ceil(n / TILE):
+        raise ValueError("the fp32 fold models chains of one 16-token tile (the kernels' one k-step products)")
+    order = np.argsort(firsts)
+    firsts, raws = firsts[order], raws[order]
+    dim, ratio = raws.shape[1], raws.shape[2]
+    p_pad = np.concatenate([p_op, np.zeros((ratio, TILE))], axis=1)
+    off_pad = np.concatenate([off, np.zeros(TILE)])
+    item_of, warp_of = firsts // item_tokens, (firsts // TILE) % warps
+    total = np.zeros((dim, ratio))
+    for item in range(math.ceil(n / item_tokens)):
+        item_out = np.zeros((dim, ratio))
+        for w in range(warps):
+            out = np.zeros((dim, ratio))
+            psum = np.zeros((lanes, ratio))
+            osum = np.zeros((lanes, ratio))
+            for c in np.nonzero((item_of == item) & (warp_of == w))[0]:
+                out = _f32(out + _f32(raws[c] / f_ch[:, None]))
+                tile = p_pad[:, firsts[c]: firsts[c] + TILE]  # [r, 16]
+                zs = off_pad[firsts[c]: firsts[c] + TILE]
+                for j in range(TILE // lanes):  # lane i holds tokens 2 i and 2 i + 1 of the tile
+                    pt = tile[:, j::TILE // lanes].T  # [lanes, r]
+                    psum = _f32(psum + pt)
+                    osum = _f32(osum + _f32(pt * zs[j::TILE // lanes, None]))
+            out = _f32(out + _f32(osum.sum(axis=0)[None, :] - bias / f_ch[:, None] * psum.sum(axis=0)[None, :]))
+            item_out = _f32(item_out + out)
+        total = total + item_out  # the split merge (fp32 there too; its few adds are negligible)
+    return total
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32).astype(np.float64)
 
 
 def _by_length(chains: list[np.ndarray]) -> list[np.ndarray]:
@@ -318,6 +371,14 @@ V5 = VArithmetic("v5: bf16 128 + f c, one chain per 64-token chunk", centred=Fal
 V7 = VArithmetic("v7: fp16 1024 + f c at f >= 16, each warp's 16-token product folded at once", centred=False,
                  chains=sequential_chains(16), operand="fp16")
 CURRENT = V7
+
+
+def v7_items(item_tokens: int) -> VArithmetic:
+    """The kernels' arithmetic (V7) with token-wise V's fp32 fold over work items (splits) of
+    `item_tokens` tokens: the planner's longest split (foscar.kernels.MAX_ITEM_CHUNKS) is sized
+    by it."""
+    return VArithmetic(f"{V7.name}, fp32 fold over items of {item_tokens} tokens", centred=False,
+                       chains=V7.chains, operand="fp16", item_tokens=item_tokens)
 
 
 # v7 with token-wise V chained: one accumulator per (split, warp) over the warp's 16 tokens of
