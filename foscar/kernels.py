@@ -21,13 +21,14 @@ CTAS_PER_SM = 3  # the planner's default; a launch asks the library's foscar_cta
 CHUNK_TOKENS = 64
 MAX_SPLITS = 64  # the planner's, where MAX_ITEM_CHUNKS does not ask for more
 MAX_FORCED_SPLITS = 128  # the kernels' (foscar_dispatch.h: the split merge's shared-memory weights)
-# The longest split, in chunks (32768 tokens). An item keeps its token-wise V offsets and the
+# The longest split, in chunks, by bit width. An item keeps its token-wise V offsets and the
 # injection's bias (1024 sum p~ / f) in its fp32 output until it ends, so the output's rounding
 # grows with the item: INT2 at batch 128 measured 2.06e-3 relative error with 32K-token items,
-# 2.9e-3 with 64K and 5.2e-3 with 128K, over the gate's 4e-3 (docs/PERFORMANCE.md, v14;
-# foscar.precision.v7_items models it on the CPU). Splits of at most 32K tokens keep every
-# context length where shorter ones are (1.6-2.1e-3).
-MAX_ITEM_CHUNKS = 512
+# 2.9e-3 with 64K and 5.2e-3 with 128K, over the gate's 4e-3 (docs/PERFORMANCE.md, v14);
+# foscar.precision.v7_items models it on the CPU (1.96, 2.87, 4.65e-3), and for INT4, whose
+# codes stand larger against the bias, gives 1.75, 1.92 and 2.37e-3. So INT2 splits at 32K
+# tokens and INT4 at 64K, where each stays within 0.6 of the gate (tests/foscar/test_precision.py).
+MAX_ITEM_CHUNKS = {2: 512, 4: 1024}
 # The planner's costs, in chunk times: a work item's setup and finish beside its chunks, and the
 # merge of a sequence's splits. 4 fits split counts forced at six shapes, 3 and 4 CTAs per SM
 # (docs/data/lab_v14_splits.json); 1.5 over-split at 4 CTAs (up to 12 % slower).
@@ -117,17 +118,19 @@ def planned_kv_heads_per_item(batch: int, num_kv_heads: int, max_heads: int) -> 
 
 
 def plan_launch(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int,
-                ctas_per_sm: int = CTAS_PER_SM, kv_heads_per_item: int = 1) -> LaunchPlan:
+                ctas_per_sm: int = CTAS_PER_SM, kv_heads_per_item: int = 1,
+                max_item_chunks: int = MAX_ITEM_CHUNKS[2]) -> LaunchPlan:
     """The plan with the least modelled time: the busiest CTA's items, each its chunks plus a
     fixed cost, plus the merge when a sequence is split (batch 1 splits to fill the GPU; a
     full batch splits only where that evens out the last round of items), with no split over
-    MAX_ITEM_CHUNKS (exactness; beyond MAX_FORCED_SPLITS of them, about 4M tokens, splits grow). An item covers
+    `max_item_chunks` (exactness: MAX_ITEM_CHUNKS of the bit width; past MAX_FORCED_SPLITS
+    such splits, millions of tokens, splits grow). An item covers
     `kv_heads_per_item` KV heads (the library's foscar_kv_heads_per_item); its chunk costs
     about as much as one head's."""
     slots = num_sms * ctas_per_sm
     base = batch * (num_kv_heads // kv_heads_per_item)
     max_chunks = max(1, max_chunks)
-    fewest = min(math.ceil(max_chunks / MAX_ITEM_CHUNKS), MAX_FORCED_SPLITS)  # no split over MAX_ITEM_CHUNKS
+    fewest = min(math.ceil(max_chunks / max_item_chunks), MAX_FORCED_SPLITS)  # no split over max_item_chunks
     best = None
     for splits in range(fewest, max(fewest, min(MAX_SPLITS, max_chunks)) + 1):
         per_split = math.ceil(max_chunks / splits)
@@ -220,7 +223,7 @@ def launch_plan(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int = CTAS_P
     """The plan decode() uses for this cache (exposed for tests and the harness)."""
     max_packed = int(cache.packed_lens.max().item()) if cache.batch else 0
     return plan_launch(cache.batch, cache.num_kv_heads, math.ceil(max_packed / CHUNK_TOKENS), num_sms, ctas_per_sm,
-                       kv_heads_per_item)
+                       kv_heads_per_item, MAX_ITEM_CHUNKS[cache.config.bits])
 
 
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
@@ -290,11 +293,12 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         max_chunks = splits * per_split
         per_split = math.ceil(max_chunks / num_splits)
         splits = math.ceil(max_chunks / per_split)
-        if per_split > max(MAX_ITEM_CHUNKS, plan.chunks_per_split):
+        longest = MAX_ITEM_CHUNKS[cfg.bits]
+        if per_split > max(longest, plan.chunks_per_split):
             raise ValueError(
                 f"num_splits={num_splits} leaves {per_split} chunks ({per_split * CHUNK_TOKENS} tokens) in a split; "
-                f"the kernels hold the gate's accuracy up to {MAX_ITEM_CHUNKS} chunks a split: pass at least "
-                f"{math.ceil(max_chunks / MAX_ITEM_CHUNKS)}, or None for the automatic plan.")
+                f"the {cfg.bits}-bit kernels hold the gate's accuracy up to {longest} chunks a split: pass at "
+                f"least {math.ceil(max_chunks / longest)}, or None for the automatic plan.")
         ctas = min(batch * (cache.num_kv_heads // kv_heads_per_item) * splits, num_sms * ctas_per_sm)
     ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
                                       batch * cache.num_kv_heads)

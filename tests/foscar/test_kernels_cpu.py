@@ -34,21 +34,23 @@ def test_plan_of_a_full_batch_evens_out_the_last_round():
     assert busiest <= 1.06 * 128 * 8 * 512 / plan.num_ctas
 
 
+@pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("ctas_per_sm,heads", [(3, 1), (3, 2), (4, 2)])
-def test_no_planned_split_is_longer_than_the_kernels_keep_exact(ctas_per_sm, heads):
+def test_no_planned_split_is_longer_than_the_kernels_keep_exact(ctas_per_sm, heads, bits):
     # Long items lose accuracy (the output keeps the bias until the item ends): INT2 at 128K-token
-    # items measured 5.2e-3 against the gate's 4e-3, so every plan keeps splits to 32K tokens,
-    # at any batch, up to MAX_FORCED_SPLITS of them.
+    # items measured 5.2e-3 against the gate's 4e-3, so every plan keeps splits to the width's
+    # longest, at any batch, up to MAX_FORCED_SPLITS of them.
+    longest = kernels.MAX_ITEM_CHUNKS[bits]
     for batch in (1, 8, 53, 128, 132, 1024):
-        for max_chunks in (64, 512, 513, 1024, 2048, 4096, 16384, kernels.MAX_FORCED_SPLITS * kernels.MAX_ITEM_CHUNKS):
+        for max_chunks in (64, 512, 513, 1024, 1025, 2048, 4096, 16384, kernels.MAX_FORCED_SPLITS * longest):
             plan = kernels.plan_launch(batch, 8, max_chunks, num_sms=132, ctas_per_sm=ctas_per_sm,
-                                       kv_heads_per_item=heads)
-            assert plan.chunks_per_split <= kernels.MAX_ITEM_CHUNKS, (batch, max_chunks, plan)
+                                       kv_heads_per_item=heads, max_item_chunks=longest)
+            assert plan.chunks_per_split <= longest, (batch, max_chunks, plan)
             assert plan.num_splits * plan.chunks_per_split >= max_chunks
 
 
 def test_a_forced_split_longer_than_the_kernels_keep_exact_is_refused():
-    chunks = kernels.MAX_ITEM_CHUNKS + 4  # packed chunks: the sequence less its unpacked tail
+    chunks = kernels.MAX_ITEM_CHUNKS[2] + 4  # packed chunks: the sequence less its unpacked tail
     k = torch.randn(1, chunks * kernels.CHUNK_TOKENS, 1, 128, dtype=torch.bfloat16)
     cache = foscar.quantize(k, k.clone(), [k.shape[1]], QuantConfig(bits=2, group_size=128, page_size=128))
     q = torch.randn(1, 4, 128, dtype=torch.bfloat16)

@@ -123,6 +123,6 @@ def test_the_fp32_fold_over_an_item_grows_as_on_the_h200():
 
 @pytest.mark.parametrize("bits", [2, 4])
 def test_the_planners_longest_split_holds_the_gate(bits):
-    item = kernels.MAX_ITEM_CHUNKS * kernels.CHUNK_TOKENS
+    item = kernels.MAX_ITEM_CHUNKS[bits] * kernels.CHUNK_TOKENS
     modelled = precision.model_error(*_cache(1, 131072, bits, "token"), precision.v7_items(item))
     assert modelled <= 0.6 * TOLERANCE, f"splits of {item} tokens: model {modelled:.2e}"
