@@ -195,3 +195,29 @@ def test_a_pairing_the_head_layout_does_not_allow_is_refused():
         kernels.launch_args(q, cache, torch.empty_like(q), sm_scale=None, variant="fold", num_splits=None,
                             num_sms=132, ctas_per_sm=3, workspace=lambda *n: None, max_kv_heads_per_item=1,
                             kv_heads_per_item=2)
+
+
+def test_the_planner_picks_split_counts_measured_near_the_best():
+    # Split counts forced on the H200 (docs/data/lab_v14_splits.json: INT2 2ct paired, 4 and 3
+    # CTAs per SM, six shapes). Where the planner's choice was among those measured, it must be
+    # within 6 % of the fastest; 1.5 chunks of fixed cost per item (before v14) was 12 % off.
+    import json
+    from pathlib import Path
+
+    runs = json.loads((Path(__file__).resolve().parents[2] / "docs/data/lab_v14_splits.json").read_text())["runs"]
+    judged = 0
+    for run in runs.values():
+        by_variant: dict[str, dict[int, float]] = {}
+        for r in run["rows"]:
+            if r["status"] == "passed":
+                name, splits = r["variant"].split("/s")
+                by_variant.setdefault(name, {})[int(splits)] = r["median_us"]
+                batch, kv_len = r["batch"], r["kv_len"]
+        for name, times in by_variant.items():
+            ctas = 4 if name == "d" else 3
+            plan = kernels.plan_launch(batch, 8, kv_len // kernels.CHUNK_TOKENS, num_sms=132, ctas_per_sm=ctas,
+                                       kv_heads_per_item=2, max_item_chunks=kernels.MAX_ITEM_CHUNKS[2])
+            if plan.num_splits in times:
+                judged += 1
+                assert times[plan.num_splits] <= 1.06 * min(times.values()), (name, batch, kv_len, plan, times)
+    assert judged >= 8
