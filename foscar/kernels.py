@@ -269,6 +269,8 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     until the launch has run.
     """
     cfg = cache.config
+    instance = (cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
+                int(variant == "dequant"))  # the kernel instance, as the C API names it
     batch, num_q_heads, head_dim = q.shape
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
     if kv_heads_per_item is None:
@@ -278,8 +280,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
                          f"over {cache.num_kv_heads} KV heads with this build; pass 1, "
                          f"{max_kv_heads_per_item} or None for the planner's choice.")
     if callable(ctas_per_sm):
-        ctas_per_sm = ctas_per_sm(cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"),
-                                  int(cfg.v_mode == "channel"), int(variant == "dequant"), kv_heads_per_item)
+        ctas_per_sm = ctas_per_sm(*instance, kv_heads_per_item)
         if ctas_per_sm < 1:
             raise ValueError(f"the library builds no {variant} kernel for {cfg.bits}-bit codes, group_size="
                              f"{cfg.group_size}, K {cfg.k_mode}-wise, V {cfg.v_mode}-wise with {kv_heads_per_item} "
@@ -308,8 +309,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         cache.seq_lens.data_ptr(), cache.k_tail.data_ptr(), cache.v_tail.data_ptr(),
         ws_o.data_ptr(), ws_ml.data_ptr(), ws_count.data_ptr(),
         batch, num_q_heads, cache.num_kv_heads, head_dim,
-        cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
-        int(variant == "dequant"), cfg.page_size, cache.page_table.shape[1],
+        *instance, cfg.page_size, cache.page_table.shape[1],
         splits, per_split, ctas, kv_heads_per_item, scale, device,
     )
 

@@ -24,7 +24,7 @@ f (c - mid)) and which tokens share one accumulator between two flushes (`chains
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -377,8 +377,7 @@ def v7_items(item_tokens: int) -> VArithmetic:
     """The kernels' arithmetic (V7) with token-wise V's fp32 fold over work items (splits) of
     `item_tokens` tokens: the planner's longest split (foscar.kernels.MAX_ITEM_CHUNKS) is sized
     by it."""
-    return VArithmetic(f"{V7.name}, fp32 fold over items of {item_tokens} tokens", centred=False,
-                       chains=V7.chains, operand="fp16", item_tokens=item_tokens)
+    return replace(V7, name=f"{V7.name}, fp32 fold over items of {item_tokens} tokens", item_tokens=item_tokens)
 
 
 # v7 with token-wise V chained: one accumulator per (split, warp) over the warp's 16 tokens of
