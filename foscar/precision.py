@@ -65,6 +65,9 @@ class VArithmetic:
     # item ends and the bias leaves. The output keeps the bias (1024 / f times the sum of p~)
     # all along, so its rounding grows with the item (docs/PERFORMANCE.md, v14).
     item_tokens: int | None = None
+    # With item_tokens: None, the lanes' sums leave the output only at the item's end; k, every k
+    # of a warp's tiles (trips) as well, the sums starting again from zero (VFoldToken::flush).
+    flush_tiles: int | None = None
 
     @property
     def bias(self) -> float:
@@ -206,7 +209,7 @@ def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
                 o = raw / f_ch[:, None] + (p_op @ off)[None, :]
             elif arith.item_tokens:
                 firsts, raws = _run_chains(mma, chains, a_val, p_op, per_chain=True)  # [c], [c, d, r]
-                o = _fold_items_f32(firsts, raws, p_op, off, f_ch, bias, n, arith.item_tokens)
+                o = _fold_items_f32(firsts, raws, p_op, off, f_ch, bias, n, arith.item_tokens, arith.flush_tiles)
             else:
                 raw = _run_chains(mma, chains, a_val, p_op)  # [d, r]
                 # Fold: raw / f, bias and offsets with the same rounded p~ (exact, fp32 in kernels).
@@ -269,12 +272,13 @@ def _run_chains(mma: tcmodel.MmaModel, chains: list[np.ndarray], a_val: np.ndarr
 
 
 def _fold_items_f32(firsts: np.ndarray, raws: np.ndarray, p_op: np.ndarray, off: np.ndarray, f_ch: np.ndarray,
-                    bias: float, n: int, item_tokens: int, warps: int = 4, lanes: int = 8) -> np.ndarray:
+                    bias: float, n: int, item_tokens: int, flush_tiles: int | None = None, warps: int = 4,
+                    lanes: int = 8) -> np.ndarray:
     """Token-wise V's fold as the kernels run it (VFoldToken), rounded to fp32 at every step:
     per item of `item_tokens` tokens and warp (warp w takes tile w of every 64-token chunk), the
     output adds raw / f of each of its tiles; per lane (two tokens of each tile, `lanes` lanes a
-    head) p~ and p~ z / s are summed; at the item's end the lanes' sums leave the output with
-    the bias, and the items' outputs are added. raws [c, d, r] are one-tile products (first
+    head) p~ and p~ z / s are summed; at the item's end (and every `flush_tiles` of the warp's
+    tiles) the lanes' sums leave the output with the bias, and the items' outputs are added. raws [c, d, r] are one-tile products (first
     token `firsts`); returns [d, r]."""
     if item_tokens % (TILE * warps):
         raise ValueError(f"item_tokens={item_tokens} is not a whole number of {TILE * warps}-token chunks")
@@ -293,7 +297,11 @@ def _fold_items_f32(firsts: np.ndarray, raws: np.ndarray, p_op: np.ndarray, off:
             out = np.zeros((dim, ratio))
             psum = np.zeros((lanes, ratio))
             osum = np.zeros((lanes, ratio))
-            for c in np.nonzero((item_of == item) & (warp_of == w))[0]:
+            def flush(out, psum, osum):
+                out = _f32(out + _f32(osum.sum(axis=0)[None, :] - bias / f_ch[:, None] * psum.sum(axis=0)[None, :]))
+                return out, np.zeros_like(psum), np.zeros_like(osum)
+
+            for i, c in enumerate(np.nonzero((item_of == item) & (warp_of == w))[0]):
                 out = _f32(out + _f32(raws[c] / f_ch[:, None]))
                 tile = p_pad[:, firsts[c]: firsts[c] + TILE]  # [r, 16]
                 zs = off_pad[firsts[c]: firsts[c] + TILE]
@@ -301,7 +309,9 @@ def _fold_items_f32(firsts: np.ndarray, raws: np.ndarray, p_op: np.ndarray, off:
                     pt = tile[:, j::TILE // lanes].T  # [lanes, r]
                     psum = _f32(psum + pt)
                     osum = _f32(osum + _f32(pt * zs[j::TILE // lanes, None]))
-            out = _f32(out + _f32(osum.sum(axis=0)[None, :] - bias / f_ch[:, None] * psum.sum(axis=0)[None, :]))
+                if flush_tiles and (i + 1) % flush_tiles == 0:
+                    out, psum, osum = flush(out, psum, osum)
+            out, _, _ = flush(out, psum, osum)
             item_out = _f32(item_out + out)
         total = total + item_out  # the split merge (fp32 there too; its few adds are negligible)
     return total
@@ -373,11 +383,14 @@ V7 = VArithmetic("v7: fp16 1024 + f c at f >= 16, each warp's 16-token product f
 CURRENT = V7
 
 
-def v7_items(item_tokens: int) -> VArithmetic:
+def v7_items(item_tokens: int, flush_tiles: int | None = None) -> VArithmetic:
     """The kernels' arithmetic (V7) with token-wise V's fp32 fold over work items (splits) of
-    `item_tokens` tokens: the planner's longest split (foscar.kernels.MAX_ITEM_CHUNKS) is sized
+    `item_tokens` tokens, the bias and offsets leaving the output at the item's end or every
+    `flush_tiles` trips: the planner's longest split (foscar.kernels.MAX_ITEM_CHUNKS) is sized
     by it."""
-    return replace(V7, name=f"{V7.name}, fp32 fold over items of {item_tokens} tokens", item_tokens=item_tokens)
+    flushed = f", flushed every {flush_tiles} trips" if flush_tiles else ""
+    return replace(V7, name=f"{V7.name}, fp32 fold over items of {item_tokens} tokens{flushed}",
+                   item_tokens=item_tokens, flush_tiles=flush_tiles)
 
 
 # v7 with token-wise V chained: one accumulator per (split, warp) over the warp's 16 tokens of

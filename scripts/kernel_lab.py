@@ -151,6 +151,9 @@ def main() -> int:
     ap.add_argument("--heads-per-item", default=None,
                     help="comma list of KV heads per item to force (1, 2), each a variant of its own, NAME/h1, "
                          "NAME/h2; default: the planner's")
+    ap.add_argument("--max-item-chunks", type=int, default=None,
+                    help="lift the planner's longest split (foscar.kernels.MAX_ITEM_CHUNKS, both widths) so that "
+                         "--splits may force longer ones, to measure what the limit guards")
     ap.add_argument("--rounds", type=int, default=1, help="times the variants take turns (each a full measurement)")
     ap.add_argument("--profile", default=None, help="variant to run once per config for ncu")
     ap.add_argument("--json", default=None)
@@ -174,6 +177,9 @@ def main() -> int:
     from suite.runner import measure
     from suite.worker import make_context
 
+    if args.max_item_chunks:
+        from foscar import kernels
+        kernels.MAX_ITEM_CHUNKS = {bits: args.max_item_chunks for bits in kernels.MAX_ITEM_CHUNKS}
     libs = build_variants(variants)
     ctx = make_context("0", {"read_ceiling": False})
     rows = []

@@ -209,11 +209,13 @@ template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
 struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   using Shape = DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_>;
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage<Shape>));
-  // Measured (docs/PERFORMANCE.md, v14): four CTAs of INT2's paired G = 128 kernels are 4-7 %
-  // faster at batch 128 (1-2 % slower at batch 8); INT2's one-head kernels lose 0-7 % at batch 1,
-  // its G = 64 paired token-wise kernel 18 % (it spills at 104 registers), INT4 level to 3 %
-  // (its ring cut to 4 paired stages to fit).
-  static constexpr int kCtasTuned = BITS_ == 2 && G_ == 128 && HP_ == 2 && !DEQ_ ? 4 : kMinCtasPerSm;
+  // Measured (docs/PERFORMANCE.md, v14, v15): four CTAs of INT2's paired G = 128 kernels are 4-7 %
+  // faster at batch 128 (1-2 % slower at batch 8), and of its paired G = 64 channel/channel kernel
+  // 5-6 %; INT2's one-head kernels lose 0-7 % at batch 1, its G = 64 paired token-wise kernel 18 %
+  // (it spills at 104 registers; channel-wise K or V level), INT4 level to 3 % (its ring cut to 4
+  // paired stages to fit).
+  static constexpr bool kFourCtas = BITS_ == 2 && HP_ == 2 && !DEQ_ && (G_ == 128 || (G_ == 64 && KCH_ && VCH_));
+  static constexpr int kCtasTuned = kFourCtas ? 4 : kMinCtasPerSm;
   static constexpr int kCtasWidthKnob = BITS_ == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
   static constexpr int kCtasKnob = kCtasWidthKnob > 0 ? kCtasWidthKnob : kCtasTuned;
   static constexpr int kCtasFit = 228 * 1024 / (kSmemBytes + 1024);

@@ -242,6 +242,8 @@ def test_ctas_per_sm_are_the_knobs_where_the_kernel_fits():
     assert [ctas(4, 128, 1, 0, 0, hp) for hp in (1, 2)] == [3, 3]
     assert [ctas(2, 128, k, v, 0, 2) for k in (0, 1) for v in (0, 1)] == [4, 4, 4, 4]  # INT2 paired G = 128
     assert ctas(2, 128, 1, 0, 0, 1) == 3 and ctas(2, 64, 0, 0, 0, 2) == 3 and ctas(2, 128, 1, 0, 1, 2) == 3
+    assert [ctas(2, 64, k, v, 0, 2) for k, v in ((1, 1), (1, 0), (0, 1))] == [4, 3, 3]  # G = 64: channel/channel only
+    assert ctas(2, 64, 1, 1, 0, 1) == 3 and ctas(4, 64, 1, 1, 0, 2) == 3
     assert ctas(2, 128, 0, 0, 1, 1) == -1 and ctas(3, 128, 1, 0, 0, 1) == -1  # not built
     lab = emu.load(("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4")).foscar_emu_ctas_per_sm
     assert [lab(4, 128, 1, 0, 0, hp) for hp in (1, 2)] == [4, 4] and lab(4, 32, 1, 0, 0, 2) == 3
