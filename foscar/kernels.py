@@ -21,14 +21,13 @@ CTAS_PER_SM = 3  # the planner's default; a launch asks the library's foscar_cta
 CHUNK_TOKENS = 64
 MAX_SPLITS = 64  # the planner's, where MAX_ITEM_CHUNKS does not ask for more
 MAX_FORCED_SPLITS = 128  # the kernels' (foscar_dispatch.h: the split merge's shared-memory weights)
-# The longest split, in chunks, by bit width. An item keeps its token-wise V offsets and the
-# injection's bias (1024 sum p~ / f) in its fp32 output until it ends, so the output's rounding
-# grows with the item: INT2 at batch 128 measured 2.06e-3 relative error with 32K-token items,
-# 2.9e-3 with 64K and 5.2e-3 with 128K, over the gate's 4e-3 (docs/PERFORMANCE.md, v14);
-# foscar.precision.v7_items models it on the CPU (1.96, 2.87, 4.65e-3), and for INT4, whose
-# codes stand larger against the bias, gives 1.75, 1.92 and 2.37e-3. So INT2 splits at 32K
-# tokens and INT4 at 64K, where each stays within 0.6 of the gate (tests/foscar/test_precision.py).
-MAX_ITEM_CHUNKS = {2: 512, 4: 1024}
+# The longest split, in chunks, by bit width. Until v16 an item kept its token-wise V offsets and
+# the injection's bias (1024 sum p~ / f) in its fp32 output until it ended, so the error grew with
+# the item (INT2 5.2e-3 at 128K tokens, over the gate's 4e-3) and splits were held to 32K tokens
+# (INT2) and 64K (INT4). The kernels now take those sums out every 32 trips (kVFlushTrips), and
+# items of 128K tokens measured 1.70e-3 for both widths, as short ones (docs/PERFORMANCE.md, v15
+# and v16; foscar.precision.v7_items models both). The limit stays at what was measured.
+MAX_ITEM_CHUNKS = {2: 2048, 4: 2048}
 # The planner's costs, in chunk times: a work item's setup and finish beside its chunks, and the
 # merge of a sequence's splits. 4 fits split counts forced at six shapes, 3 and 4 CTAs per SM
 # (docs/data/lab_v14_splits.json); 1.5 over-split at 4 CTAs (up to 12 % slower).

@@ -383,6 +383,11 @@ V7 = VArithmetic("v7: fp16 1024 + f c at f >= 16, each warp's 16-token product f
 CURRENT = V7
 
 
+# How often the kernels take token-wise V's sums out of the output (foscar_decode.cuh,
+# kVFlushTrips; v16). v7_items(n) without it models the kernels before v16.
+V_FLUSH_TRIPS = 32
+
+
 def v7_items(item_tokens: int, flush_tiles: int | None = None) -> VArithmetic:
     """The kernels' arithmetic (V7) with token-wise V's fp32 fold over work items (splits) of
     `item_tokens` tokens, the bias and offsets leaving the output at the item's end or every

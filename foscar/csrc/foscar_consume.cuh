@@ -168,7 +168,8 @@ template <class T>
 struct VFoldToken : WarpOut {
   // Token-wise V, operand fold: P~ = p s_{t,gv} (fp16) per channel group. Each tile's product,
   // one k-step from zero, is folded at once as raw / f; the offsets sum p~ z / s and the bias
-  // 1024 sum p~ are summed apart per (group, head) and leave at the end. (Chaining the products
+  // 1024 sum p~ are summed apart per (group, head) and leave every kVFlushTrips trips and at the
+  // end, so the fp32 output never carries more than a few trips' bias. (Chaining the products
   // over the item, the bias taken out every few chunks, is within the model's bound at f >= 16
   // but measured no faster: docs/PERFORMANCE.md.)
   static constexpr int kGroups = T::kGroupsD;
@@ -228,7 +229,9 @@ struct VFoldToken : WarpOut {
     for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
   }
   // The warp's offsets and bias, summed over its tokens, into every channel of their group.
-  __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {
+  __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) { flush(); }
+  // The same every kVFlushTrips trips of an item, the sums starting again from zero.
+  __device__ __forceinline__ void flush() {
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv)
 #pragma unroll
@@ -243,6 +246,7 @@ struct VFoldToken : WarpOut {
             o += fmaf(-kVBias / warp_tile_radix<T::BITS>(j, hf), pb, total);
           }
         }
+        off[gv][hh] = pbar[gv][hh] = 0.f;
       }
   }
 };
@@ -308,6 +312,7 @@ struct VFoldChannel : WarpOut {
     for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
   }
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
+  __device__ __forceinline__ void flush() {}
 };
 
 template <class T>
@@ -358,6 +363,7 @@ struct VDequant : WarpOut {
     for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
   }
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
+  __device__ __forceinline__ void flush() {}
 };
 
 // Policies per (K mode, V mode, ablation).
@@ -520,6 +526,10 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       const int tok0 = c * kChunk;
       const bool last = c == w.chunk_end - 1;
       const bool group_ends = last || (tok0 + kChunk) % T::G == 0;
+      // Every kVFlushTrips trips token-wise V's sums of p~ and offsets leave the output, so that
+      // its fp32 never holds more than that many trips' bias (an item of any length keeps the
+      // exact fold's error; docs/PERFORMANCE.md, v16).
+      const bool flush = c > w.chunk_begin && ((c - w.chunk_begin) & (kVFlushTrips - 1)) == 0;
 
       // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers. (Token-wise K
       // reads the chunk's K scales from the stage; channel-wise K has them in its constants, so
@@ -540,11 +550,14 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       if constexpr (T::HP == 1) {
         if (!last) ss.prepare(c + 1, 0);
         ss.issue(0);
+        if (flush) vs.flush();
         vs.template pv<0, 4>(s, L, v_blk, v_par, group_ends);
         ss.complete();
       } else {
         if (!last) ss.prepare(c + 1, 0);
         ss.issue(0);
+        // Beside S's first wgmma, which the warp waits on anyway (at the trip's end: 2-5 % slower).
+        if (flush) vs.flush();
         vs.template pv<0, FOSCAR_PV_SPLIT>(s, L, v_blk, v_par, group_ends);
         ss.complete();
         if (!last) ss.prepare(c + 1, 1);

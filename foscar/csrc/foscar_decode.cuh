@@ -114,6 +114,8 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
 
 constexpr int kD = 128;           // head dim (the one instantiated)
 constexpr int kChunk = 64;        // tokens per ring stage and per S = K Q^T wgmma (M = 64)
+constexpr int kVFlushTrips = 32;  // token-wise V's bias and offsets leave the output this often (foscar/precision.py)
+static_assert((kVFlushTrips & (kVFlushTrips - 1)) == 0, "the consumers test a trip's count with a mask");
 constexpr int kN = 8;             // query heads on N
 constexpr int kConsumerThreads = 128;
 constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warpgroup (0 is __syncthreads)

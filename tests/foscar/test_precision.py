@@ -124,8 +124,14 @@ def test_the_fp32_fold_over_an_item_grows_as_on_the_h200():
 @pytest.mark.parametrize("bits", [2, 4])
 def test_the_planners_longest_split_holds_the_gate(bits):
     item = kernels.MAX_ITEM_CHUNKS[bits] * kernels.CHUNK_TOKENS
-    modelled = precision.model_error(*_cache(1, 131072, bits, "token"), precision.v7_items(item))
+    modelled = precision.model_error(*_cache(1, max(item, 131072), bits, "token"),
+                                     precision.v7_items(item, precision.V_FLUSH_TRIPS))
     assert modelled <= 0.6 * TOLERANCE, f"splits of {item} tokens: model {modelled:.2e}"
+
+
+def test_the_model_flushes_as_often_as_the_kernels():
+    src = (ROOT / "foscar" / "csrc" / "foscar_decode.cuh").read_text()
+    assert f"constexpr int kVFlushTrips = {precision.V_FLUSH_TRIPS};" in src
 
 
 def test_the_fold_flushed_every_32_trips_holds_any_item_as_on_the_h200():
