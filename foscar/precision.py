@@ -278,8 +278,8 @@ def _fold_items_f32(firsts: np.ndarray, raws: np.ndarray, p_op: np.ndarray, off:
     per item of `item_tokens` tokens and warp (warp w takes tile w of every 64-token chunk), the
     output adds raw / f of each of its tiles; per lane (two tokens of each tile, `lanes` lanes a
     head) p~ and p~ z / s are summed; at the item's end (and every `flush_tiles` of the warp's
-    tiles) the lanes' sums leave the output with the bias, and the items' outputs are added. raws [c, d, r] are one-tile products (first
-    token `firsts`); returns [d, r]."""
+    tiles) the lanes' sums leave the output with the bias, and the items' outputs are added.
+    raws [c, d, r] are one-tile products (first token `firsts`); returns [d, r]."""
     if item_tokens % (TILE * warps):
         raise ValueError(f"item_tokens={item_tokens} is not a whole number of {TILE * warps}-token chunks")
     if raws.shape[0] != math.ceil(n / TILE):
@@ -290,6 +290,11 @@ def _fold_items_f32(firsts: np.ndarray, raws: np.ndarray, p_op: np.ndarray, off:
     p_pad = np.concatenate([p_op, np.zeros((ratio, TILE))], axis=1)
     off_pad = np.concatenate([off, np.zeros(TILE)])
     item_of, warp_of = firsts // item_tokens, (firsts // TILE) % warps
+
+    def flush(out, psum, osum):  # the lanes' sums into the output, with the bias; the sums restart
+        out = _f32(out + _f32(osum.sum(axis=0)[None, :] - bias / f_ch[:, None] * psum.sum(axis=0)[None, :]))
+        return out, np.zeros_like(psum), np.zeros_like(osum)
+
     total = np.zeros((dim, ratio))
     for item in range(math.ceil(n / item_tokens)):
         item_out = np.zeros((dim, ratio))
@@ -297,10 +302,6 @@ def _fold_items_f32(firsts: np.ndarray, raws: np.ndarray, p_op: np.ndarray, off:
             out = np.zeros((dim, ratio))
             psum = np.zeros((lanes, ratio))
             osum = np.zeros((lanes, ratio))
-            def flush(out, psum, osum):
-                out = _f32(out + _f32(osum.sum(axis=0)[None, :] - bias / f_ch[:, None] * psum.sum(axis=0)[None, :]))
-                return out, np.zeros_like(psum), np.zeros_like(osum)
-
             for i, c in enumerate(np.nonzero((item_of == item) & (warp_of == w))[0]):
                 out = _f32(out + _f32(raws[c] / f_ch[:, None]))
                 tile = p_pad[:, firsts[c]: firsts[c] + TILE]  # [r, 16]

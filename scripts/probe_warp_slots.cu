@@ -40,11 +40,11 @@ int main(int argc, char** argv) {
   std::vector<int> h(grid * 8 * 4);
   cudaMemcpy(h.data(), d, h.size() * sizeof(int), cudaMemcpyDeviceToHost);
   std::map<int, std::vector<int>> ctas_of_sm;  // sm -> blocks
-  std::vector<int> base(grid), sm_of(grid);
+  std::vector<int> base(grid);
   int nsm = 0, contiguous = 0, aligned = 0;
   for (int b = 0; b < grid; ++b) {
     const int* w0 = &h[(b * 8) * 4];
-    base[b] = w0[2], sm_of[b] = w0[1], nsm = w0[3];
+    base[b] = w0[2], nsm = w0[3];
     ctas_of_sm[w0[1]].push_back(b);
     bool c = true;
     for (int w = 1; w < 8; ++w) c = c && h[(b * 8 + w) * 4 + 2] == w0[2] + w;

@@ -135,11 +135,11 @@ def test_the_model_flushes_as_often_as_the_kernels():
 
 
 def test_the_fold_flushed_every_32_trips_holds_any_item_as_on_the_h200():
-    # A lab build took the lanes' sums (bias and offsets) out of the output every 32 trips: INT2
-    # items of 128K tokens then measured 1.70e-3 on the H200, as exact folding (the kernels keep
-    # the planner's split limit instead: the flush cost 2-5 % of the time; docs/PERFORMANCE.md,
-    # v15). The model agrees, where without the flush it gives 4.65e-3.
+    # The lanes' sums (bias and offsets) leave the output every 32 trips (v16; first a lab build,
+    # docs/PERFORMANCE.md, v15): INT2 items of 128K tokens then measured 1.70e-3 on the H200, as
+    # exact folding. The model agrees, where without the flush it gives 4.65e-3.
     rows = json.loads((ROOT / "docs" / "data" / "lab_v15_call1.json").read_text())["runs"]["b8_128k_forced_splits"]["rows"]
     h200 = next(r["rel_error"] for r in rows if r["config"] == "2ct" and r["variant"] == "fl32/s1")
-    modelled = precision.model_error(*_cache(1, 131072, 2, "token"), precision.v7_items(131072, flush_tiles=32))
+    modelled = precision.model_error(*_cache(1, 131072, 2, "token"),
+                                     precision.v7_items(131072, precision.V_FLUSH_TRIPS))
     assert h200 / 1.5 <= modelled <= h200 * 1.5 and modelled <= 0.5 * TOLERANCE, f"model {modelled:.2e}, H200 {h200:.2e}"
