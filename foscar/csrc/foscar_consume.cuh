@@ -514,7 +514,8 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       ss.release();
       ring.next_trip();
     }
-    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) {
+    // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it.
+    auto trip = [&](int c, bool flush) {
       // This trip's stages: V of chunk c (codes, parameters) and K of chunk c + 1.
       const uint8_t* v_blk[T::HP];
       const uint8_t* v_par[T::HP];
@@ -526,10 +527,6 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       const int tok0 = c * kChunk;
       const bool last = c == w.chunk_end - 1;
       const bool group_ends = last || (tok0 + kChunk) % T::G == 0;
-      // Every kVFlushTrips trips token-wise V's sums of p~ and offsets leave the output, so that
-      // its fp32 never holds more than that many trips' bias (an item of any length keeps the
-      // exact fold's error; docs/PERFORMANCE.md, v16).
-      const bool flush = c > w.chunk_begin && ((c - w.chunk_begin) & (kVFlushTrips - 1)) == 0;
 
       // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers. (Token-wise K
       // reads the chunk's K scales from the stage; channel-wise K has them in its constants, so
@@ -545,8 +542,9 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       vs.begin(s, L, v_par, group_ends, pr);
 
       // S of chunk c + 1 on wgmma, head by head (the last chunk's runs on stale operands and is
-      // discarded), and chunk c's PV on this warp's mma.sync while each runs. The flush goes
-      // beside S's first wgmma, which the warp waits on anyway (at the trip's end: 2-5 % slower).
+      // discarded), and chunk c's PV on this warp's mma.sync while each runs. A flush inside the
+      // trip goes beside S's first wgmma, which the warp waits on anyway (at the trip's end: 2-5 %
+      // slower).
       zero_accumulators(ks.acc);
       if constexpr (T::HP == 1) {
         if (!last) ss.prepare(c + 1, 0);
@@ -566,6 +564,20 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
         ss.complete();
       }
       ss.release();
+    };
+    // Every kVFlushTrips trips token-wise V's sums of p~ and offsets leave the output, so that
+    // its fp32 never holds more than that many trips' bias (an item of any length keeps the
+    // exact fold's error; docs/PERFORMANCE.md, v16): between blocks of trips, or inside the
+    // trip (DecodeShape::kFlushBetweenBlocks says which is faster for this kernel).
+    if constexpr (T::kFlushBetweenBlocks) {
+      for (int c0 = w.chunk_begin; c0 < w.chunk_end; c0 += kVFlushTrips) {
+        if (c0 > w.chunk_begin) vs.flush();
+        const int c1 = min(c0 + kVFlushTrips, w.chunk_end);
+        for (int c = c0; c < c1; ++c, ring.next_trip()) trip(c, false);
+      }
+    } else {
+      for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip())
+        trip(c, c > w.chunk_begin && ((c - w.chunk_begin) & (kVFlushTrips - 1)) == 0);
     }
 
     if constexpr (T::kHasTail) {
