@@ -57,6 +57,12 @@ class Result:
         return statistics.median(t) if t else float("nan")
 
     @property
+    def median_us(self) -> float:
+        """The median over rounds of each round's median time."""
+        t = [med for med, _ in self.rounds if med > 0]
+        return statistics.median(t) if t else float("nan")
+
+    @property
     def spread(self) -> float:
         """Relative width of what we know of this candidate's bandwidth: the range over
         rounds, or the widest within-round 95% interval of the median, whichever is wider."""
@@ -87,13 +93,23 @@ def candidates(sm_count: int, quick: bool = False) -> list[Candidate]:
     return out
 
 
+def by_bandwidth(r: Result) -> float:
+    return -r.median_tbps
+
+
+def by_time(r: Result) -> float:
+    return r.median_us
+
+
 def search(cands: Sequence[Candidate], bytes_read: Callable[[Candidate], int],
            time_one: Callable[[Candidate, bool], tuple[float, float]],
-           finalists: int = FINALISTS, rounds: int = ROUNDS) -> list[Result]:
+           finalists: int = FINALISTS, rounds: int = ROUNDS,
+           rank: Callable[[Result], float] = by_bandwidth) -> list[Result]:
     """Screen every candidate once (time_one(c, final=False) -> (median_us, spread); a
     candidate that fails raises and is dropped), then time the best `finalists` again in
     `rounds` interleaved rounds (final=True), so drift touches them all alike. Returns every
-    result, best first."""
+    result, best first: highest bandwidth by default, or by `rank` (smallest first; the
+    read floor ranks by time, suite.readfloor)."""
     results = []
     for c in cands:
         try:
@@ -101,14 +117,14 @@ def search(cands: Sequence[Candidate], bytes_read: Callable[[Candidate], int],
         except Exception:  # noqa: BLE001 - a config that does not build is no candidate
             continue
         results.append(Result(c, bytes_read(c), [(med, spread)]))
-    results.sort(key=lambda r: -r.median_tbps)
+    results.sort(key=rank)
     best, rest = results[:finalists], results[finalists:]
     for r in best:
         r.rounds = []
     for _ in range(rounds):
         for r in best:
             r.rounds.append(time_one(r.candidate, True))
-    best.sort(key=lambda r: -r.median_tbps)
+    best.sort(key=rank)
     return best + rest
 
 
@@ -133,7 +149,8 @@ def summarize(results: Sequence[Result], method_note: str = "") -> dict[str, Any
 
 
 # --- GPU ------------------------------------------------------------------------------------
-def _triton_kernels():
+def triton_kernels():
+    """The two Triton read kernels (persistent, tiled), compiled on first launch."""
     import triton
     import triton.language as tl
 
@@ -168,7 +185,7 @@ def _builder(x, n_int32: int):
         if c.kind == "torch-sum":
             return lambda: torch.sum(x)
         if kernels is None:
-            kernels = _triton_kernels()
+            kernels = triton_kernels()
         persistent, tiled = kernels
         tile = c.get("tile")
         n_tiles = n_int32 // tile
