@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports import accuracy, captions, e2e, html, paper, roofline, scaling, tables
+from reports import accuracy, bound as bound_section, captions, e2e, html, paper, roofline, scaling, tables
 from reports.gpu import above_ceiling, gpu_facts
 from reports.plotting import save
 from reports.source import Results, latest_per_case
@@ -43,8 +43,11 @@ class _Page:
         self.body.append(html.table(table.display, self.caption(what, self.records), csv_name))
 
 
-def build_report(results: Results, out_dir: Path, title: str = "FOSCAR decode-attention report") -> Path:
-    """Render the report of `results` into out_dir; returns the path of index.html."""
+def build_report(results: Results, out_dir: Path, title: str = "FOSCAR decode-attention report",
+                 bound: bound_section.Bound | None = None) -> Path:
+    """Render the report of `results` into out_dir; returns the path of index.html. `bound`: the
+    speedup bound over a read floor (reports.bound; the command line computes it), or None: the
+    section then says how to get a floor."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records = latest_per_case(results.records)
@@ -54,6 +57,7 @@ def build_report(results: Results, out_dir: Path, title: str = "FOSCAR decode-at
     if records.empty:
         page.body.append(html.note("The selected runs hold no records: every figure and table below is empty."))
     _paper_sections(page, records)
+    bound_section.section(page, results, bound)
     for gpu in sorted(records["gpu_name"].unique()):
         _gpu_sections(page, records[records["gpu_name"] == gpu], gpu, results)
     _accuracy_section(page, records)

@@ -33,7 +33,9 @@ def _store_records(db: Path, run: Optional[str], baseline_run: Optional[str]) ->
     return run_id, ours, base_id, base
 
 
-def _load_floor(path: Path) -> dict:
+def load_floor(path: Path) -> dict:
+    """A floor curve from a JSON file (a --floor --json-out file, or a --bound one carrying its
+    floor); one line and exit 2 when it cannot be read or holds no measured size."""
     from suite.commands.common import fail
     from suite.readfloor import check_curve
 
@@ -184,7 +186,7 @@ def _floor_and_bound(gpu: int, out: Optional[Path], quick: bool, rounds: Optiona
         run_id, ours_recs, base_id, base_recs = _store_records(db, run, baseline_run)
     curve: dict[str, Any]
     if floor_from:
-        curve = _load_floor(floor_from)
+        curve = load_floor(floor_from)
         source = str(floor_from)
     else:
         if size_list is None and run_id is not None:

@@ -43,8 +43,10 @@ def rendered_dashboard(fixture_store, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def rendered_bundled(tmp_path_factory) -> Path:
-    """index.html of `report --bundled` (every bundled run)."""
+    """index.html of `report --bundled` (every bundled run, the bundled read floor)."""
     from reports.report import build_report
     from reports.source import open_bundled, select_runs
+    from suite.commands.report import speedup_bound
 
-    return build_report(select_runs(open_bundled(), ["all"]), tmp_path_factory.mktemp("bundled"))
+    results = select_runs(open_bundled(), ["all"])
+    return build_report(results, tmp_path_factory.mktemp("bundled"), bound=speedup_bound(results, None, True))
