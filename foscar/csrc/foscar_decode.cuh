@@ -160,10 +160,11 @@ struct DecodeShape {
   static_assert(HP == 1 || HP == 2, "an item holds one KV head or a pair");
   // Where token-wise V's flush runs (consume(); docs/PERFORMANCE.md, v17). The paired G = 128
   // kernels with channel-wise K run their trips in blocks of kVFlushTrips and flush between
-  // blocks: no test in the trip, 2.7 % fewer instructions, level to 1.3 % faster. The others
-  // flush beside S's first wgmma of every kVFlushTrips-th trip: in blocks, INT2 token/token
-  // (which then spills more) measured 1.5-3.7 % slower and the one-head kernels 1-3 % slower at
-  // batch 1; other groups were not measured in blocks.
+  // blocks: no test in the trip, 2.7 % fewer instructions, INT4 level to 1.7 % faster over the
+  // grid, INT2 1.3-2.5 % faster on long items and 2-5 % slower on items of 32 chunks or fewer.
+  // The others flush beside S's first wgmma of every kVFlushTrips-th trip: in blocks, INT2
+  // token/token (which then spills more) measured 1.5-3.7 % slower and the one-head kernels 1-3 %
+  // slower at batch 1; other groups were not measured in blocks.
   static constexpr bool kFlushBetweenBlocks = HP == 2 && G == 128 && KCH && !VCH && !DEQ;
   static constexpr int kCodeBytes = kChunk * kD * BITS / 8;     // one tensor's codes of one chunk
   static constexpr int kGroupsD = kD / G;                        // channel groups (token-wise modes)
