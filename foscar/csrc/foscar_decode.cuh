@@ -150,6 +150,12 @@ constexpr int kMinCtasPerSm = 3;
 #define FOSCAR_PAIR_STAGES_INT2 6
 #endif
 
+// Lab: the split merge reads each split's (m, l) in one load and has the first 8 splits' partial
+// outputs in flight while it makes the weights (batch 1's merge: docs/PERFORMANCE.md, v17).
+#ifndef FOSCAR_MERGE_EARLY
+#define FOSCAR_MERGE_EARLY 0
+#endif
+
 // A kernel's shape: everything but its occupancy (DecodeTraits adds that, from the shared memory
 // this shape takes).
 template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
@@ -843,9 +849,9 @@ struct SStream {
 // the last CTA of a KV head merges 49 splits while the rest of the GPU has finished.
 template <int COLS, int UNROLL>
 __device__ __forceinline__ void merge_columns(const DecodeParams& p, const float* wgt, size_t row0, int S, int c,
-                                              float (&acc)[kN]) {
+                                              float (&acc)[kN], int sp0 = 0) {
 #pragma unroll UNROLL
-  for (int sp = 0; sp < S; ++sp) {
+  for (int sp = sp0; sp < S; ++sp) {
 #pragma unroll
     for (int hd = 0; hd < COLS; ++hd)
       if (hd < p.cols) acc[hd] = fmaf(wgt[hd * S + sp], __ldcg(p.ws_o + (row0 + hd * S + sp) * kD + c), acc[hd]);
@@ -878,7 +884,27 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   float* wgt = &s.merge[0][0][0];  // [head][split]
   static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 heads x 128 splits");
   const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // head hd, split sp: row0 + hd S + sp
+  const int c = L.tid;
+#if FOSCAR_MERGE_EARLY
+  // Each split's (m, l) in one load, l beside the weights; the first kPre splits' partial
+  // outputs of the first 4 columns loaded now, in flight while the weights are made.
+  static_assert(sizeof(s.merge) >= 2 * kN * kD * sizeof(float), "the merge buffer holds m and l of 8 x 128 splits");
+  float* lsum = wgt + kN * kD;
+  for (int i = L.tid; i < n; i += kConsumerThreads) {
+    const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ws_ml) + row0 + i);
+    wgt[i] = ml.x, lsum[i] = ml.y;
+  }
+  constexpr int kPre = 8;
+  const int pre_n = p.cols <= kN / 2 ? min(S, kPre) : 0;  // 8 columns: merge_columns<kN, 4> reads them all
+  float pre[kPre][kN / 2];
+#pragma unroll
+  for (int sp = 0; sp < kPre; ++sp)
+#pragma unroll
+    for (int hd = 0; hd < kN / 2; ++hd)
+      pre[sp][hd] = sp < pre_n && hd < p.cols ? __ldcg(p.ws_o + (row0 + hd * S + sp) * kD + c) : 0.f;
+#else
   for (int i = L.tid; i < n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + (row0 + i) * 2);
+#endif
   named_barrier(kConsumerBarrier, kConsumerThreads);
   for (int hd = L.warp; hd < p.cols; hd += 4) {
     float mx = kNegInf;
@@ -888,24 +914,40 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
     for (int sp = L.lane; sp < S; sp += 32) {
       const float m = wgt[hd * S + sp];  // a split with no tokens of this sequence weighs 0
       const float e = m == kNegInf ? 0.f : exp2f(m - mx);
+#if FOSCAR_MERGE_EARLY
+      den = fmaf(e, lsum[hd * S + sp], den);
+#else
       den = fmaf(e, __ldcg(p.ws_ml + (row0 + hd * S + sp) * 2 + 1), den);
+#endif
       wgt[hd * S + sp] = e;
     }
     den = reduce_lanes<32, false>(den);
     for (int sp = L.lane; sp < S; sp += 32) wgt[hd * S + sp] /= den;
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
-  const int c = L.tid;
   float acc[kN];
 #pragma unroll
   for (int hd = 0; hd < kN; ++hd) acc[hd] = 0.f;
   // 32 loads in flight either way. (One loop over 8 columns, each guarded by cols, 2 splits at a
   // time, kept the loads of batch 1's 4 columns from overlapping: its merge took about 18 us of
   // 46 at 32K and 19 of 79 at 128K; docs/PERFORMANCE.md, v10.)
+#if FOSCAR_MERGE_EARLY
+  if (p.cols <= kN / 2) {
+#pragma unroll
+    for (int sp = 0; sp < kPre; ++sp)
+#pragma unroll
+      for (int hd = 0; hd < kN / 2; ++hd)
+        if (sp < pre_n && hd < p.cols) acc[hd] = fmaf(wgt[hd * S + sp], pre[sp][hd], acc[hd]);
+    merge_columns<kN / 2, 8>(p, wgt, row0, S, c, acc, pre_n);
+  } else {
+    merge_columns<kN, 4>(p, wgt, row0, S, c, acc);
+  }
+#else
   if (p.cols <= kN / 2)
     merge_columns<kN / 2, 8>(p, wgt, row0, S, c, acc);
   else
     merge_columns<kN, 4>(p, wgt, row0, S, c, acc);
+#endif
 #pragma unroll
   for (int hd = 0; hd < kN; ++hd)
     if (hd < p.cols) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
