@@ -204,12 +204,10 @@ def _provenance(results, bound: Bound) -> str:
 
 
 def _gpu_note(result: dict[str, Any]) -> str:
-    names = result.get("gpu_names", {})
-    seen = {n for k in ("ours", "baselines") for n in names.get(k, [])} | (
-        {names["floor"]} if names.get("floor") else set())
+    seen = result.get("gpus_seen", [])
     if len(seen) <= 1:
         return ""
-    return (f"The records and the floor come from different GPUs ({', '.join(sorted(seen))}); a bound holds on "
+    return (f"The records and the floor come from different GPUs ({', '.join(seen)}); a bound holds on "
             "the GPU its floor was measured on.")
 
 

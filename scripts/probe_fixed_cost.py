@@ -61,7 +61,7 @@ def main() -> int:
     for bits in bits_list:
         for n in lens:
             config = foscar.QuantConfig(bits=bits, group_size=128, k_mode="channel", v_mode="token", page_size=128)
-            one = _cache_bytes(config, n, hkv, d)
+            one = _cache_bytes(config, n, hq, hkv, d)
             copies = max(1, min(args.max_copies, math.ceil(4 * l2 / one)))
             gen = torch.Generator(device=dev).manual_seed(0)
             k = torch.randn(copies, n, hkv, d, device=dev, generator=gen).to(torch.bfloat16)
@@ -106,11 +106,14 @@ def main() -> int:
     return 0
 
 
-def _cache_bytes(config, n: int, hkv: int, d: int) -> int:
-    """Codes and parameters of one sequence of n tokens (the bulk of what a batch-1 decode reads)."""
-    codes = 2 * n * hkv * d * config.bits // 8
-    params = 2 * n * hkv * (d // config.group_size) * 4
-    return codes + params
+def _cache_bytes(config, n: int, hq: int, hkv: int, d: int) -> int:
+    """Codes and parameters of one sequence of n tokens (the bulk of what a batch-1 decode reads),
+    as the byte model counts them."""
+    from core.bytes_model import traffic
+
+    t = traffic("int", batch=1, kv_len=n, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=config.page_size,
+                bits=config.bits, group_size=config.group_size, k_mode=config.k_mode, v_mode=config.v_mode)
+    return t.kv_codes + t.kv_params
 
 
 if __name__ == "__main__":

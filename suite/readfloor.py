@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from core.record import TIMED_STATUSES
 from suite.readceiling import Candidate, Result, by_time, search
 from suite.runner import MAX_ROTATE_COPIES  # the sweep's: copies rotated before it flushes instead
-from suite.timing import StopRule, l2_plan
+from suite.summary import kv_text
+from suite.timing import L2_ASSUMED_BYTES, L2Plan, StopRule, l2_plan
 
 OURS = ("foscar-int4", "foscar-int2")
 BASELINES = ("flashinfer-bf16-tc", "trtllm-xqa-fp8")
@@ -203,7 +204,10 @@ def search_floor(sizes: Sequence[int], candidates_for: Callable[[int], Sequence[
 
 def l2_facts(nbytes: int, l2_bytes: int | None, max_copies: int = MAX_ROTATE_COPIES) -> dict[str, Any]:
     """How the sweep would keep L2 cold for a case of `nbytes` (suite.timing.l2_plan)."""
-    plan = l2_plan(nbytes, l2_bytes, max_copies)
+    return plan_facts(l2_plan(nbytes, l2_bytes, max_copies))
+
+
+def plan_facts(plan: L2Plan) -> dict[str, Any]:
     return {"l2_policy": plan.policy, "l2_verdict": plan.verdict, "copies": plan.copies, "l2_detail": plan.detail}
 
 
@@ -363,16 +367,20 @@ def speedup_bounds(ours_records: Iterable[Mapping[str, Any]], baseline_records: 
         })
     matched = {(r["ours"], r["format"], (r["batch"], r["kv_len"], r["num_q_heads"], r["num_kv_heads"], r["head_dim"]))
                for r in rows}
+    gpu_names = {
+        "ours": sorted({str(r.get("gpu_name")) for r in mine.values() if r.get("gpu_name")}),
+        "baselines": sorted({str(r.get("gpu_name")) for r in theirs.values() if r.get("gpu_name")}),
+        "floor": floor_curve.get("gpu_name"),
+    }
     return {
         "cases": rows,
         "geomeans": means,
         "unmatched_ours": sorted(f"{b}{' (' + fmt + ')' if fmt else ''} batch {shape[0]} kv {shape[1]}"
                                  for (b, fmt, shape) in mine if (b, fmt, shape) not in matched),
-        "gpu_names": {
-            "ours": sorted({str(r.get("gpu_name")) for r in mine.values() if r.get("gpu_name")}),
-            "baselines": sorted({str(r.get("gpu_name")) for r in theirs.values() if r.get("gpu_name")}),
-            "floor": floor_curve.get("gpu_name"),
-        },
+        "gpu_names": gpu_names,
+        # every GPU the records and the floor name: more than one, and the bound mixes machines
+        "gpus_seen": sorted(set(gpu_names["ours"]) | set(gpu_names["baselines"])
+                            | ({gpu_names["floor"]} if gpu_names["floor"] else set())),
     }
 
 
@@ -382,10 +390,6 @@ def _bytes_text(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{int(n)} B"
-
-
-def _kv(n: int) -> str:
-    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
 def floor_lines(curve: Mapping[str, Any]) -> list[str]:
@@ -413,10 +417,9 @@ def bound_lines(bounds: Mapping[str, Any], targets: Mapping[tuple, float] | None
     and, where `targets` names one for (ours, over), whether the bound leaves it in reach."""
     targets = targets or {}
     lines: list[str] = []
-    names = bounds.get("gpu_names", {})
-    seen = {n for k in ("ours", "baselines") for n in names.get(k, [])} | ({names["floor"]} if names.get("floor") else set())
+    seen = bounds.get("gpus_seen", [])
     if len(seen) > 1:
-        lines.append(f"note: the records and the floor come from different GPUs ({', '.join(sorted(seen))}); "
+        lines.append(f"note: the records and the floor come from different GPUs ({', '.join(seen)}); "
                      "a bound holds on the GPU its floor was measured on.")
     by_group: dict[tuple, list[dict]] = defaultdict(list)
     for row in bounds.get("cases", []):
@@ -432,7 +435,7 @@ def bound_lines(bounds: Mapping[str, Any], targets: Mapping[tuple, float] | None
             fmark = {"below": "<", "above": ">"}.get(r["floor_how"], " ")
             bmark = "!" if r["over_inaccurate"] else ("*" if r["over_throttled"] else " ")
             marks_used |= {fmark, bmark} - {" "}
-            lines.append(f"  {r['batch']:>5} {_kv(r['kv_len']):>5} {r['ours_us']:>9.1f} {r['over_us']:>8.1f}{bmark}"
+            lines.append(f"  {r['batch']:>5} {kv_text(r['kv_len']):>5} {r['ours_us']:>9.1f} {r['over_us']:>8.1f}{bmark}"
                          f" {r['floor_us']:>8.2f}{fmark} {r['speedup']:>7.2f}x {r['bound']:>7.2f}x "
                          f"{r['ours_over_floor']:>9.2f}x")
         text = (f"  geo-mean over {g['n_cases']} cases: speedup {g['geomean_speedup']:.2f}x, "
@@ -480,19 +483,19 @@ def measure_read_floor(device: Any, sizes: Sequence[int] | None = None, quick: b
     def prepare(n: int) -> dict[str, Any]:
         state["copies"], state["thunks"] = [], {}
         torch.cuda.empty_cache()
-        facts = l2_facts(n, l2_bytes)
-        state["policy"] = facts["l2_policy"]
+        plan = l2_plan(n, l2_bytes, MAX_ROTATE_COPIES)
+        state["policy"] = plan.policy
         free, _ = torch.cuda.mem_get_info(device)
-        need = facts["copies"] * n + (2 * (l2_bytes or 50 << 20) if facts["l2_policy"] == "flush" else 0)
+        flush_bytes = 2 * (l2_bytes or L2_ASSUMED_BYTES)
+        need = plan.copies * n + (flush_bytes if plan.policy == "flush" else 0)
         if need + (1 << 30) > free:
             raise MemoryError(f"needs {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
         state["copies"] = [torch.empty(n // 4, dtype=torch.int32, device=device).random_()
-                           for _ in range(facts["copies"])]
-        plan = verify_rotation(l2_plan(n, l2_bytes, MAX_ROTATE_COPIES), state["copies"], n)
-        facts.update(l2_verdict=plan.verdict, l2_detail=plan.detail)
-        if facts["l2_policy"] == "flush" and state["flush"] is None:
-            state["flush"] = l2_flush(2 * (l2_bytes or 50 << 20), device)
-        return facts
+                           for _ in range(plan.copies)]
+        plan = verify_rotation(plan, state["copies"], n)
+        if plan.policy == "flush" and state["flush"] is None:
+            state["flush"] = l2_flush(flush_bytes, device)
+        return plan_facts(plan)
 
     def thunks_for(n: int, c: Candidate) -> list[Callable[[], Any]]:
         if not kernels:

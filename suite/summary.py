@@ -28,7 +28,7 @@ def latest_per_item(df: pd.DataFrame) -> pd.DataFrame:
 
 def _case_label(r: Any, vary: set[str]) -> str:
     """Short case name; heads, group size and modes only where they vary in the table."""
-    case = f"b{r.batch} kv{_kv(r.kv_len)}"
+    case = f"b{r.batch} kv{kv_text(r.kv_len)}"
     if "heads" in vary:
         case += f" h{r.num_q_heads}/{r.num_kv_heads}d{r.head_dim}"
     if r.k_mode not in (None, "none"):
@@ -93,6 +93,7 @@ def summary_table(df: pd.DataFrame, title: str | None = None):
     return Group(table, Text(""), *[Text(n, overflow="fold") for n in notes])
 
 
-def _kv(n: Any) -> str:
+def kv_text(n: Any) -> str:
+    """32768 -> '32K' (K = 1024 tokens)."""
     n = int(n)
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
