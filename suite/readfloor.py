@@ -4,10 +4,12 @@ The read ceiling (suite.readceiling) is a bandwidth: what a streaming read reach
 launch and tail have faded, over gigabytes. Small decode steps never get there: at batch 1
 and 4K tokens every kernel, ours and the baselines, sits on a floor of launch and cold-DRAM
 latency. The read floor is that floor measured: for each byte count N, the shortest time
-in which any of several read kernels reads N bytes, timed exactly as the sweep times a
-decode step of N bytes (suite.timing.time_gpu with CUDA graphs; L2 kept cold by the plan
-suite.timing.l2_plan makes for N bytes: rotated copies, or a flush when too many copies
-would be needed).
+in which any of several read kernels reads N bytes, timed as the sweep times a decode step
+of N bytes (suite.timing.time_gpu with CUDA graphs; L2 kept cold by rotated copies or a
+flush). The sweep picks rotation or a flush by a case's shape (suite.runner.plan_l2), which
+N alone does not name: the floor times N as the run's records of N bytes were timed when
+it has them (floor_policies), and otherwise rotates up to the sweep's per-backend cap of
+copies, as the sweep does for N bytes whenever the shape rotates (floor_plan).
 
 No kernel moves N bytes from cold DRAM faster than the best read of N bytes does, so on a
 case where our kernel moves N bytes (the byte model's `bytes`), baseline_us / floor_us(N)
@@ -26,14 +28,14 @@ import re
 import statistics
 import time
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from core.record import TIMED_STATUSES
 from suite.readceiling import Candidate, Result, by_time, search
-from suite.runner import MAX_ROTATE_COPIES  # the sweep's: copies rotated before it flushes instead
+from suite.runner import MAX_ROTATE_COPIES_SHAPE  # the sweep's cap on one backend's rotated copies
 from suite.summary import kv_text
-from suite.timing import L2_ASSUMED_BYTES, L2Plan, StopRule, l2_plan
+from suite.timing import L2_ASSUMED_BYTES, L2Plan, StopRule, flush_plan, l2_plan
 
 OURS = ("foscar-int4", "foscar-int2")
 BASELINES = ("flashinfer-bf16-tc", "trtllm-xqa-fp8")
@@ -126,6 +128,28 @@ def sizes_from_records(records: Iterable[Mapping[str, Any]], backends: Sequence[
     return sorted(out)
 
 
+def recorded_policy(policy: Any) -> str | None:
+    """'rotate' for a record timed over rotated copies ('rotate:N', or 'size': one copy over
+    4x L2), 'flush' for a flushed one, None for anything else (a CPU record, no policy)."""
+    if not isinstance(policy, str):
+        return None
+    if policy == "size" or policy.startswith("rotate"):
+        return "rotate"
+    return "flush" if policy == "flush" else None
+
+
+def floor_policies(records: Iterable[Mapping[str, Any]], backends: Sequence[str] = OURS) -> dict[int, str]:
+    """{bytes: 'rotate' | 'flush'} for the sizes of sizes_from_records: how their records
+    were timed (their l2_policy), for the floor to time those bytes alike. Where records of
+    one size disagree, 'rotate': the faster floor, the safe side of a bound."""
+    out: dict[int, str] = {}
+    for r in records:
+        nbytes, how = _num(r.get("bytes")), recorded_policy(r.get("l2_policy"))
+        if r.get("backend") in backends and r.get("status") == "passed" and nbytes and nbytes >= MIN_BYTES and how:
+            out[int(nbytes)] = "rotate" if "rotate" in (how, out.get(int(nbytes))) else how
+    return dict(sorted(out.items()))
+
+
 # --- candidates and the search --------------------------------------------------------------
 def read_bytes(c: Candidate, nbytes: int) -> int:
     """The bytes candidate `c` reads for a request of `nbytes`: whole tiles only."""
@@ -202,13 +226,41 @@ def search_floor(sizes: Sequence[int], candidates_for: Callable[[int], Sequence[
     return points
 
 
-def l2_facts(nbytes: int, l2_bytes: int | None, max_copies: int = MAX_ROTATE_COPIES) -> dict[str, Any]:
-    """How the sweep would keep L2 cold for a case of `nbytes` (suite.timing.l2_plan)."""
-    return plan_facts(l2_plan(nbytes, l2_bytes, max_copies))
+FLOOR_RULE_RECORDS = "as its records"  # L2Plan.rule of a size timed as the run's records of it were
+FLOOR_RULE_SIZE = "by size"  # of a size without records: rotated up to the cap, flushed beyond
+
+
+def floor_plan(nbytes: int, l2_bytes: int | None, recorded: str | None = None,
+               max_copies: int = MAX_ROTATE_COPIES_SHAPE) -> L2Plan:
+    """How the floor keeps L2 cold for a read of `nbytes`. The sweep decides by the shape
+    (suite.runner.plan_l2), so the floor follows the records: `recorded` 'flush' flushes and
+    'rotate' rotates copies of nbytes (this GPU's count, up to `max_copies`), as the run's
+    records of nbytes were timed. With no record (None: --sizes, the ladder) it rotates up to
+    `max_copies` and flushes beyond, as the sweep times nbytes whenever the shape rotates; a
+    size whose shape would flush is then timed with its code warm, faster than its case:
+    a bound from it is looser, still a bound."""
+    if recorded not in (None, "rotate", "flush"):
+        raise ValueError(f"recorded={recorded!r} is not 'rotate', 'flush' or None.")
+    if recorded == "flush":
+        return replace(flush_plan(l2_bytes, "as the records of this size were timed"), rule=FLOOR_RULE_RECORDS)
+    plan = l2_plan(nbytes, l2_bytes, max_copies)
+    if recorded is None:
+        why = f"by size: rotated up to {max_copies} copies, flushed beyond"
+    elif plan.policy == "flush":
+        why = f"the records of this size rotated, but this GPU would need more than {max_copies} copies"
+    else:
+        why = "as the records of this size were timed"
+    return replace(plan, detail=f"{plan.detail}; {why}", rule=FLOOR_RULE_RECORDS if recorded else FLOOR_RULE_SIZE)
+
+
+def l2_facts(nbytes: int, l2_bytes: int | None, recorded: str | None = None) -> dict[str, Any]:
+    """How the floor keeps L2 cold for `nbytes` (floor_plan), as a point's facts."""
+    return plan_facts(floor_plan(nbytes, l2_bytes, recorded))
 
 
 def plan_facts(plan: L2Plan) -> dict[str, Any]:
-    return {"l2_policy": plan.policy, "l2_verdict": plan.verdict, "copies": plan.copies, "l2_detail": plan.detail}
+    return {"l2_policy": plan.policy, "l2_verdict": plan.verdict, "copies": plan.copies, "l2_detail": plan.detail,
+            "l2_rule": plan.rule}
 
 
 # --- the curve ------------------------------------------------------------------------------
@@ -321,8 +373,15 @@ def speedup_bounds(ours_records: Iterable[Mapping[str, Any]], baseline_records: 
     or `inaccurate`: a third-party kernel whose check failed, timed and flagged, as the
     sweep's summary marks it); a throttled one is flagged too. A baseline that ran one shape
     in several formats counts with the median of its times, as the report's speedups do.
+
+    A case whose record rotated where the floor, measured at exactly its bytes, flushed is
+    flagged `floor_colder`: that floor is slower than any read timed as the case was, so its
+    bound is too low to be one (a floor of the old per-size L2 rule beside records of the
+    shape rule; measure one for the run with --floor --db --run).
     """
     check_curve(floor_curve)
+    floor_l2 = {int(b): recorded_policy(p.get("l2_policy")) for p in floor_curve.get("sizes") or []
+                if (b := _num(p.get("bytes"))) and _num(p.get("median_us"))}
     mine = _latest(
         (r for r in ours_records if r.get("backend") in ours and r.get("status") == "passed"
          and (_num(r.get("median_us")) or 0) > 0 and (_num(r.get("bytes")) or 0) > 0),
@@ -350,6 +409,7 @@ def speedup_bounds(ours_records: Iterable[Mapping[str, Any]], baseline_records: 
                 "over_inaccurate": any(b.get("status") == "inaccurate" for b in found),
                 "over_throttled": any(bool(_num(b.get("throttled"))) for b in found),
                 "ours_throttled": bool(_num(r.get("throttled"))),
+                "floor_colder": recorded_policy(r.get("l2_policy")) == "rotate" and floor_l2.get(nbytes) == "flush",
             })
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
@@ -364,6 +424,7 @@ def speedup_bounds(ours_records: Iterable[Mapping[str, Any]], baseline_records: 
             "min_bound": min(x["bound"] for x in g), "max_bound": max(x["bound"] for x in g),
             "n_extrapolated": sum(x["floor_how"] in ("below", "above") for x in g),
             "n_over_inaccurate": sum(x["over_inaccurate"] for x in g),
+            "n_floor_colder": sum(x["floor_colder"] for x in g),
         })
     matched = {(r["ours"], r["format"], (r["batch"], r["kv_len"], r["num_q_heads"], r["num_kv_heads"], r["head_dim"]))
                for r in rows}
@@ -421,6 +482,12 @@ def bound_lines(bounds: Mapping[str, Any], targets: Mapping[tuple, float] | None
     if len(seen) > 1:
         lines.append(f"note: the records and the floor come from different GPUs ({', '.join(seen)}); "
                      "a bound holds on the GPU its floor was measured on.")
+    colder = sorted({(r["ours"], r["batch"], r["kv_len"]) for r in bounds.get("cases", []) if r.get("floor_colder")})
+    if colder:
+        where = ", ".join(f"{o} b{b} / {kv_text(kv)}" for o, b, kv in colder)
+        lines.append(f"note: at {len(colder)} of our cases ({where}) "
+                     "the record rotated L2 but the floor at its bytes flushed (a floor of the old per-size rule?): "
+                     "the bound there is too low; measure a floor for this run with `ceiling --floor --db F --run ID`.")
     by_group: dict[tuple, list[dict]] = defaultdict(list)
     for row in bounds.get("cases", []):
         by_group[(row["ours"], row["format"], row["over"])].append(row)
@@ -460,12 +527,15 @@ def bound_lines(bounds: Mapping[str, Any], targets: Mapping[tuple, float] | None
 
 # --- GPU ------------------------------------------------------------------------------------
 def measure_read_floor(device: Any, sizes: Sequence[int] | None = None, quick: bool = False, *,
+                       policies: Mapping[int, str] | None = None,
                        finalists: int | None = None, rounds: int | None = None,
                        screen: StopRule = SCREEN_RULE, final: StopRule = FINAL_RULE,
                        on_point: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """Measure the read floor on `device` at each byte count of `sizes` (default: ladder()).
-    Returns {'gpu_name', 'sizes': [point per size: bytes, median_us, spread, tbps, candidate,
-    l2_policy, l2_verdict, ...], ...}, ready for floor_us and speedup_bounds."""
+    """Measure the read floor on `device` at each byte count of `sizes` (default: ladder()),
+    L2 kept cold per size as `policies` (floor_policies of a run's records) says those bytes
+    were timed, else by size (floor_plan). Returns {'gpu_name', 'sizes': [point per size:
+    bytes, median_us, spread, tbps, candidate, l2_policy, l2_verdict, l2_rule, ...], ...},
+    ready for floor_us and speedup_bounds."""
     import torch
 
     from suite.readceiling import triton_kernels
@@ -483,7 +553,7 @@ def measure_read_floor(device: Any, sizes: Sequence[int] | None = None, quick: b
     def prepare(n: int) -> dict[str, Any]:
         state["copies"], state["thunks"] = [], {}
         torch.cuda.empty_cache()
-        plan = l2_plan(n, l2_bytes, MAX_ROTATE_COPIES)
+        plan = floor_plan(n, l2_bytes, (policies or {}).get(n))
         state["policy"] = plan.policy
         free, _ = torch.cuda.mem_get_info(device)
         flush_bytes = 2 * (l2_bytes or L2_ASSUMED_BYTES)
@@ -537,10 +607,12 @@ def measure_read_floor(device: Any, sizes: Sequence[int] | None = None, quick: b
         "method": ("per size, the fastest of tiled and persistent Triton read kernels (whole tiles of at most "
                    f"{4 * max(t for t, _ in TILED_SHAPES) // 1024} KiB, so at most {100 * MAX_SHORTFALL:.1f}% of the "
                    f"bytes left unread), timed by suite.timing.time_gpu with CUDA graphs and L2 kept cold by "
-                   f"l2_plan (up to {MAX_ROTATE_COPIES} rotated copies, else a flush); the best {finalists} re-timed "
+                   f"floor_plan (as the run's records of the size were timed, rotated or flushed; without records "
+                   f"up to {MAX_ROTATE_COPIES_SHAPE} rotated copies, else a flush); the best {finalists} re-timed "
                    f"in {rounds} interleaved round(s)"),
         "timing_methods": sorted(methods),
         "quick": quick,
+        "l2_from_records": bool(policies),
         "rules": {"screen": asdict(screen), "final": asdict(final)},
         "elapsed_s": round(time.monotonic() - t0, 1),
         "sizes": pts,

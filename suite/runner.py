@@ -12,14 +12,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baselines.base import Backend, CompileError, Prepared, SourceKV, Unsupported
+from core.bytes_model import traffic_for_case
 from core.case import Case
 from core.gpu import GpuInfo
 from core.record import CheckFields, GpuFields, Record, TimingFields, TrafficFields
 from suite.cases import reproducer
-from suite.timing import Timing, l2_flush, l2_plan, time_cpu, time_gpu, verify_rotation
+from suite.timing import L2Plan, Timing, l2_flush, shape_l2_plan, time_cpu, time_gpu, verify_rotation
 
 MAX_CHECK_SEQS = 4  # sequences the float64 reference checks in big cases
+# L2 is kept cold per shape (plan_l2): a shape whose BF16 cache would need more than
+# MAX_ROTATE_COPIES rotated copies is flushed for every backend; on the others each backend
+# rotates copies of its own bytes, up to MAX_ROTATE_COPIES_SHAPE. 256 covers the smallest
+# format timed: INT2 at g128 (2.25 bits an element against BF16's 16) needs at most 7.1 x 32
+# = 228 copies where the BF16 cache needs 32, so no bundled backend falls back to a flush. The
+# copies hold about 4x L2 between them (250 MB on an H200) plus what each prepared copy keeps
+# of its cloned source (ours keep it: about 2 GB at 228 copies, as 27 copies of INT2 at batch
+# 1 / 16K already held under the per-backend rule), and cost one prepare (a clone of the
+# source and the backend's conversion) and one graph capture each: not yet timed on the GPU,
+# estimated at a second or so for a case of 200 copies.
 MAX_ROTATE_COPIES = 32
+MAX_ROTATE_COPIES_SHAPE = 256
 MEMORY_HEADROOM_BYTES = 2 << 30
 
 # Messages that mean the CUDA context is (or may be) unusable: the worker is replaced.
@@ -310,17 +322,32 @@ def timing_fields(timing: Timing) -> TimingFields:
                         l2_policy=timing.l2_policy)
 
 
+def l2_reference_bytes(case: Case) -> int:
+    """The bytes a shape's L2 policy is decided from: its KV cache in BF16 as the byte model
+    counts it (FlashInfer BF16's format, the largest any backend keeps). Only batch, KV
+    length, KV heads and head dim enter it, so every backend of a shape gets the same."""
+    return traffic_for_case(case, "bf16").kv_total
+
+
+def plan_l2(case: Case, nbytes: int, l2_bytes: int | None) -> L2Plan:
+    """How L2 is kept cold for a backend moving `nbytes` per step on `case`'s shape
+    (suite.timing.shape_l2_plan: rotate or flush by the shape's BF16 cache, then the
+    backend's own copies)."""
+    return shape_l2_plan(nbytes, l2_reference_bytes(case), l2_bytes, MAX_ROTATE_COPIES, MAX_ROTATE_COPIES_SHAPE)
+
+
 def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ctx: WorkerContext,
           nbytes: int) -> TimingFields:
-    """Time the prepared step the harness's way: cold L2 (rotated copies or a flush), CUDA
-    graphs where they capture, the clocks sampled around it; on the CPU, plain calls."""
+    """Time the prepared step the harness's way: cold L2 (rotated copies or a flush, as the
+    shape decides: plan_l2), CUDA graphs where they capture, the clocks sampled around it;
+    on the CPU, plain calls."""
     if not ctx.is_cuda:
         fields = timing_fields(time_cpu([prepared.run]))
         fields.l2_verdict = "n/a (cpu)"
         return fields
     from suite.envinfo import clock_sample
 
-    plan = l2_plan(nbytes, ctx.gpu.l2_bytes, MAX_ROTATE_COPIES)
+    plan = plan_l2(case, nbytes, ctx.gpu.l2_bytes)
     preps = [prepared]
     for _ in range(plan.copies - 1):
         preps.append(backend.prepare(case, clone_source(source)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 WARMUP_RUNS = 3
@@ -265,10 +265,18 @@ class L2Plan:
     l2_bytes: int
     l2_known: bool
     verdict: str  # 'cold' | 'warm' | 'unknown'
+    rule: str = ""  # which rule chose the policy (RULES); '' for a plan of one byte count alone
 
     @property
     def cold(self) -> bool:
         return self.verdict == "cold"
+
+
+# The rules of shape_l2_plan, as L2Plan.rule names them.
+RULE_SHAPE_ROTATES = "shape rotates"
+RULE_SHAPE_FLUSHES = "shape flushes"
+RULE_OVER_CAP = "shape rotates, own copies over the cap"
+RULES = (RULE_SHAPE_ROTATES, RULE_SHAPE_FLUSHES, RULE_OVER_CAP)
 
 
 def _verdict(reuse_bytes: int, l2: int, l2_known: bool) -> str:
@@ -277,19 +285,43 @@ def _verdict(reuse_bytes: int, l2: int, l2_known: bool) -> str:
     return "cold" if l2_known else "unknown"
 
 
+def mb_text(nbytes: float) -> str:
+    """'16.8 MB', '0.5 MB', '537 MB': decimal megabytes, a decimal kept under 100 MB."""
+    return f"{nbytes / 1e6:.1f} MB" if nbytes < 100e6 else f"{nbytes / 1e6:.0f} MB"
+
+
+def copies_needed(bytes_per_copy: int, l2_bytes: int | None, factor: int = 4) -> int:
+    """Prepared copies of `bytes_per_copy` whose rotation reads factor x L2 between two
+    reads of one copy (the assumed L2 when the device did not say)."""
+    if bytes_per_copy <= 0:
+        raise ValueError(f"bytes_per_copy={bytes_per_copy!r} must be positive.")
+    return int(-(-factor * int(l2_bytes or L2_ASSUMED_BYTES) // bytes_per_copy))
+
+
+def flush_plan(l2_bytes: int | None, why: str = "") -> L2Plan:
+    """One copy, 2 x L2 read through the cache before each sample; `why` joins the detail
+    in brackets."""
+    known = bool(l2_bytes)
+    l2 = int(l2_bytes or L2_ASSUMED_BYTES)
+    flush_bytes = 2 * l2
+    assumed = "" if known else " (L2 size unknown: assumed)"
+    why_text = f" ({why})" if why else ""
+    return L2Plan(1, "flush", f"flush {flush_bytes / 1e6:.0f} MB before each sample{why_text}{assumed}",
+                  flush_bytes, l2, known, _verdict(flush_bytes, l2, known))
+
+
 def l2_plan(bytes_per_copy: int, l2_bytes: int | None, max_copies: int, factor: int = 4) -> L2Plan:
     """How many prepared copies to rotate so the working set exceeds factor x L2:
     'size' (one copy is already that big), 'rotate:N', or 'flush' (more than max_copies
-    would be needed: one copy, 2 x L2 read through the cache before each sample)."""
+    would be needed: one copy, 2 x L2 read through the cache before each sample).
+    This is the plan of one byte count; the sweep plans a case by its shape
+    (shape_l2_plan), which calls it."""
     known = bool(l2_bytes)
     l2 = int(l2_bytes or L2_ASSUMED_BYTES)
     assumed = "" if known else " (L2 size unknown: assumed)"
-    target = factor * l2
-    flush_bytes = 2 * l2
     if bytes_per_copy <= 0:
-        return L2Plan(1, "flush", f"flush {flush_bytes / 1e6:.0f} MB before each sample{assumed}",
-                      flush_bytes, l2, known, _verdict(flush_bytes, l2, known))
-    copies = -(-target // bytes_per_copy)
+        return flush_plan(l2_bytes)
+    copies = copies_needed(bytes_per_copy, l2, factor)
     if copies <= 1:
         return L2Plan(1, "size", f"one copy of {bytes_per_copy / 1e6:.0f} MB >= {factor}x L2 ({l2 / 1e6:.0f} MB){assumed}",
                       int(bytes_per_copy), l2, known, _verdict(int(bytes_per_copy), l2, known))
@@ -298,8 +330,48 @@ def l2_plan(bytes_per_copy: int, l2_bytes: int | None, max_copies: int, factor: 
         return L2Plan(int(copies), f"rotate:{int(copies)}", (
             f"{int(copies)} copies, {copies * bytes_per_copy / 1e6:.0f} MB >= {factor}x L2 ({l2 / 1e6:.0f} MB){assumed}"
         ), reuse, l2, known, _verdict(reuse, l2, known))
-    return L2Plan(1, "flush", f"flush {flush_bytes / 1e6:.0f} MB before each sample (would need {int(copies)} copies){assumed}",
-                  flush_bytes, l2, known, _verdict(flush_bytes, l2, known))
+    return flush_plan(l2_bytes, f"would need {int(copies)} copies")
+
+
+def shape_l2_plan(bytes_per_copy: int, reference_bytes: int, l2_bytes: int | None, shape_max_copies: int,
+                  max_copies: int, factor: int = 4) -> L2Plan:
+    """How L2 is kept cold for one backend on one shape, decided by the shape alone so that
+    every backend timed on it is timed alike, whichever other backends a sweep holds.
+
+    A flush evicts the kernel's code as well as its data: at batch 1 / 4K our INT4 kernel
+    took 12.5 us warm, 13.5 us rotated and 15.5 us flushed (docs/MEASUREMENT.md), so a
+    backend flushed beside others rotated carries some 2 us they do not. Hence the shape's
+    reference (`reference_bytes`: its KV cache in BF16, the largest format a backend keeps)
+    picks: when l2_plan(reference, shape_max_copies) would flush, every backend flushes
+    (RULE_SHAPE_FLUSHES); otherwise every backend rotates its own copies, l2_plan of its own
+    `bytes_per_copy` up to `max_copies` (RULE_SHAPE_ROTATES), and one that would need more
+    than that flushes after all (RULE_OVER_CAP). The detail opens with the policy and the
+    rule, e.g. 'rotate:57 (shape rotates: its BF16 cache of 16.8 MB needs 15 copies); ...'.
+    """
+    if reference_bytes <= 0:
+        raise ValueError(f"reference_bytes={reference_bytes!r} must be positive: the shape's BF16 cache.")
+    if max_copies < shape_max_copies:
+        raise ValueError(f"max_copies={max_copies} is under shape_max_copies={shape_max_copies}: a backend "
+                         "smaller than the reference could not rotate where the reference does.")
+    ref_copies = copies_needed(reference_bytes, l2_bytes, factor)
+    ref_text = f"its BF16 cache of {mb_text(reference_bytes)}"
+    if ref_copies > shape_max_copies:
+        plan = flush_plan(l2_bytes)
+        why = f"{RULE_SHAPE_FLUSHES}: {ref_text} would need {ref_copies} copies, over {shape_max_copies}"
+        return replace(plan, detail=f"flush ({why}); {plan.detail}", rule=RULE_SHAPE_FLUSHES)
+    ref_text += f" needs {ref_copies} {'copy' if ref_copies == 1 else 'copies'}"
+    own = l2_plan(bytes_per_copy, l2_bytes, max_copies, factor)
+    if own.policy == "flush":
+        if bytes_per_copy > 0:
+            why = (f"{RULE_SHAPE_ROTATES}: {ref_text}, but this backend's {mb_text(bytes_per_copy)} would need "
+                   f"{copies_needed(bytes_per_copy, l2_bytes, factor)} copies, over the cap of {max_copies}: "
+                   "flushed instead")
+        else:
+            why = f"{RULE_SHAPE_ROTATES}: {ref_text}, but this backend's step has no byte count: flushed instead"
+        plan = flush_plan(l2_bytes)
+        return replace(plan, detail=f"flush ({why}); {plan.detail}", rule=RULE_OVER_CAP)
+    return replace(own, detail=f"{own.policy} ({RULE_SHAPE_ROTATES}: {ref_text}); {own.detail}",
+                   rule=RULE_SHAPE_ROTATES)
 
 
 def verify_rotation(plan: L2Plan, copies: Sequence[Any], bytes_per_copy: int) -> L2Plan:
@@ -330,7 +402,7 @@ def verify_rotation(plan: L2Plan, copies: Sequence[Any], bytes_per_copy: int) ->
         detail += (f"; measured: {reuse / 1e6:.0f} MB read between reuses of an input"
                    + (f", {shared / 1e6:.1f} MB shared by the copies" if shared else "")
                    + ("" if verdict == "cold" else f" ({verdict}: under the {plan.l2_bytes / 1e6:.0f} MB L2)"))
-    return L2Plan(plan.copies, plan.policy, detail, reuse, plan.l2_bytes, plan.l2_known, verdict)
+    return replace(plan, detail=detail, reuse_bytes=reuse, verdict=verdict)
 
 
 def reachable_storages(obj: Any, depth: int = 4) -> dict[tuple, int]:

@@ -63,7 +63,8 @@ def _targets(groups: list[dict]) -> dict[tuple, float]:
     return {key: value for key, value in goals.items() if value}
 
 
-def _measure_floor(gpu: int, sizes: Optional[list[int]], quick: bool, rounds: Optional[int]) -> dict:
+def _measure_floor(gpu: int, sizes: Optional[list[int]], quick: bool, rounds: Optional[int],
+                   policies: Optional[dict[int, str]] = None) -> dict:
     from suite.envinfo import visible_gpu_count
 
     if visible_gpu_count() == 0:
@@ -79,7 +80,8 @@ def _measure_floor(gpu: int, sizes: Optional[list[int]], quick: bool, rounds: Op
         typer.echo(f"  {p['bytes']} bytes: " + (f"{us:.2f} us, {p.get('candidate')}, L2 {p.get('l2_policy')}"
                                                  if us else p.get("note", "not measured")), err=True)
 
-    return measure_read_floor(torch.device("cuda", gpu), sizes, quick=quick, rounds=rounds, on_point=progress)
+    return measure_read_floor(torch.device("cuda", gpu), sizes, quick=quick, rounds=rounds, policies=policies,
+                              on_point=progress)
 
 
 def register(app: typer.Typer) -> None:
@@ -96,7 +98,8 @@ def register(app: typer.Typer) -> None:
         floor: bool = typer.Option(
             False, "--floor",
             help="Measure the read floor instead: per byte count, the fastest cold read of that many bytes, "
-            "timed as the sweep times a decode step (CUDA graphs, the same L2 plan)."),
+            "timed as the sweep times a decode step (CUDA graphs; L2 rotated or flushed as the run's records of "
+            "that size were, else rotated up to 256 copies)."),
         sizes: Optional[str] = typer.Option(
             None, "--sizes",
             help="Byte counts for --floor, e.g. 2375812,4MB,1.5GiB (KB/MB/GB: powers of 1000, KiB/MiB/GiB: "
@@ -160,7 +163,8 @@ def _floor_and_bound(gpu: int, out: Optional[Path], quick: bool, rounds: Optiona
                      run: Optional[str], baseline_run: Optional[str], over: Optional[str]) -> None:
     from core.store import DEFAULT_DB
     from suite.commands.common import fail
-    from suite.readfloor import BASELINES, OURS, bound_lines, floor_lines, parse_sizes, sizes_from_records, speedup_bounds
+    from suite.readfloor import (BASELINES, OURS, bound_lines, floor_lines, floor_policies, parse_sizes,
+                                 sizes_from_records, speedup_bounds)
 
     size_list = None
     if sizes:
@@ -188,7 +192,10 @@ def _floor_and_bound(gpu: int, out: Optional[Path], quick: bool, rounds: Optiona
             if not size_list:
                 fail(f"run {run_id} in {db} holds no passed record of {', '.join(OURS)} with its bytes; "
                      "pass --sizes, or a --run that does.")
-        curve = _measure_floor(gpu, size_list, quick, rounds)
+        # L2 kept cold per size as the run's records of that size were timed (the sweep decides
+        # by shape, which a byte count does not name); sizes without records: by size
+        policies = floor_policies(ours_recs) if run_id is not None else None
+        curve = _measure_floor(gpu, size_list, quick, rounds, policies)
         source = "measured now"
         for line in floor_lines(curve):
             typer.echo(line)

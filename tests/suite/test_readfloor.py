@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from suite import readfloor as rf
 from suite.cli import app
 from suite.readceiling import Candidate
-from suite.runner import MAX_ROTATE_COPIES
+from suite.runner import MAX_ROTATE_COPIES_SHAPE
 from suite.timing import l2_plan
 
 L2 = 60 << 20  # an H200's, as torch reports it
@@ -46,6 +46,39 @@ def test_sizes_from_records_are_our_passed_byte_counts():
     assert rf.sizes_from_records(recs) == [2375812, 4472964]
     assert rf.sizes_from_records(recs, backends=("flashinfer-bf16-tc",)) == [16793860]
 
+
+
+def test_floor_policies_are_how_our_passed_records_of_each_size_were_timed():
+    recs = [
+        {"backend": "foscar-int4", "status": "passed", "bytes": 4472964, "l2_policy": "flush"},  # before: per backend
+        {"backend": "foscar-int2", "status": "passed", "bytes": 2375812, "l2_policy": "rotate:106"},
+        {"backend": "foscar-int2", "status": "passed", "bytes": 9454084, "l2_policy": "flush"},
+        {"backend": "foscar-int2", "status": "passed", "bytes": 9454084.0, "l2_policy": "rotate:27"},  # disagree: rotate
+        {"backend": "foscar-int4", "status": "passed", "bytes": 1141014560, "l2_policy": "size"},
+        {"backend": "foscar-int4", "status": "passed", "bytes": 65536, "l2_policy": "n/a (cpu)"},
+        {"backend": "foscar-int4", "status": "passed", "bytes": 131072, "l2_policy": float("nan")},
+        {"backend": "foscar-int4", "status": "incorrect", "bytes": 35668996, "l2_policy": "rotate:8"},
+        {"backend": "flashinfer-bf16-tc", "status": "passed", "bytes": 16793860, "l2_policy": "rotate:15"},
+    ]
+    assert rf.floor_policies(recs) == {2375812: "rotate", 4472964: "flush", 9454084: "rotate", 1141014560: "rotate"}
+    assert rf.floor_policies(recs, backends=("flashinfer-bf16-tc",)) == {16793860: "rotate"}
+
+
+def test_floor_plan_follows_the_records_else_rotates_up_to_the_cap():
+    flushed = rf.floor_plan(4472964, L2, "flush")  # a record of the per-backend rule: flushed
+    assert (flushed.policy, flushed.rule) == ("flush", rf.FLOOR_RULE_RECORDS)
+    assert "as the records of this size were timed" in flushed.detail
+    rotated = rf.floor_plan(4472964, L2, "rotate")  # the same bytes under the shape rule
+    assert (rotated.policy, rotated.rule, rotated.verdict) == ("rotate:57", rf.FLOOR_RULE_RECORDS, "cold")
+    by_size = rf.floor_plan(4472964, L2)
+    assert by_size.policy == "rotate:57" and by_size.rule == rf.FLOOR_RULE_SIZE and "by size" in by_size.detail
+    tiny = rf.floor_plan(256 << 10, L2)  # 960 copies: over the cap
+    assert tiny.policy == "flush" and "by size" in tiny.detail
+    over = rf.floor_plan(256 << 10, L2, "rotate")
+    assert over.policy == "flush" and "would need more than 256 copies" in over.detail
+    assert rf.l2_facts(64 << 20, L2)["l2_policy"] == "rotate:4" and rf.l2_facts(64 << 20, L2, "flush")["copies"] == 1
+    with pytest.raises(ValueError, match="'rotate:4'"):
+        rf.floor_plan(1 << 20, L2, "rotate:4")
 
 # --- candidates and the search --------------------------------------------------------------
 def test_candidates_are_sized_to_the_bytes():
@@ -100,9 +133,10 @@ def test_search_picks_the_fastest_candidate_per_size():
             p["bytes_read"] / p["median_us"] / 1e6)
         assert broken.name not in {r["name"] for r in p["runners_up"]}
         assert p["median_us"] <= min(r["median_us"] for r in p["runners_up"])
-    # the sweep's L2 plan per size: a flush when too many copies would be needed, then rotation, then size
-    assert [p["l2_policy"] for p in points] == ["flush", "flush", "rotate:4", "size"]
-    assert points[2]["copies"] == 4 == l2_plan(64 << 20, L2, MAX_ROTATE_COPIES).copies
+    # with no records, by size: rotated up to the sweep's cap (a flush beyond: 960 copies), then size
+    assert [p["l2_policy"] for p in points] == ["flush", "rotate:120", "rotate:4", "size"]
+    assert points[2]["copies"] == 4 == l2_plan(64 << 20, L2, MAX_ROTATE_COPIES_SHAPE).copies
+    assert {p["l2_rule"] for p in points} == {rf.FLOOR_RULE_SIZE}
     finals = [(n, c) for n, c, final in calls if final and n == 1 << 30]
     assert len(finals) == 6 and finals[:3] == finals[3:]  # the 3 finalists, in interleaved rounds
 
@@ -246,6 +280,26 @@ def test_bound_takes_passed_ours_and_timed_baselines_only():
     assert "18.0!" in text and "inaccurate" in text and "out of reach" in text
 
 
+def test_bound_flags_a_floor_flushed_where_our_record_rotated():
+    """A floor of the old per-size rule (4.5 MB flushed) beside a record of the shape rule (rotated):
+    the floor is slower than the case's own conditions allow, so the bound there is no bound."""
+    n = 4472964
+    floor = {"gpu_name": "NVIDIA H200", "sizes": [
+        {"bytes": n, "median_us": 5.97, "l2_policy": "flush"},
+        {"bytes": 2 * n, "median_us": 6.4, "l2_policy": "rotate:28"}]}
+    base = [_rec("flashinfer-bf16-tc", 1, 4096, 17.6, 1), _rec("flashinfer-bf16-tc", 1, 8192, 20.0, 1)]
+    ours = [_rec("foscar-int4", 1, 4096, 13.5, n, l2_policy="rotate:57"),
+            _rec("foscar-int4", 1, 8192, 14.0, 2 * n, l2_policy="rotate:28")]
+    res = rf.speedup_bounds(ours, base, floor)
+    assert [r["floor_colder"] for r in res["cases"]] == [True, False]
+    assert res["geomeans"][0]["n_floor_colder"] == 1
+    text = "\n".join(rf.bound_lines(res))
+    assert "at 1 of our cases (foscar-int4 b1 / 4K) the record rotated L2 but the floor at its bytes flushed" in text
+    # records of the old rule (flushed) against the same floor: consistent, no flag
+    old = [_rec("foscar-int4", 1, 4096, 15.6, n, l2_policy="flush")]
+    assert not rf.speedup_bounds(old, base, floor)["cases"][0]["floor_colder"]
+    assert "rotated L2" not in "\n".join(rf.bound_lines(rf.speedup_bounds(old, base, floor)))
+
 def test_bound_lines_mark_an_extrapolated_floor_and_other_gpus():
     floor = {"gpu_name": "NVIDIA H100", "sizes": [{"bytes": 64 * MB, "median_us": 20.0},
                                                    {"bytes": 256 * MB, "median_us": 60.0}]}
@@ -306,6 +360,36 @@ def test_bound_command_prints_cases_and_geomeans(bound_store):
     assert res.exit_code == 0 and "flashinfer-bf16-tc" not in res.output.split("\n", 1)[1]
 
 
+def test_floor_command_times_each_size_as_the_runs_records_were(tmp_path, monkeypatch):
+    """--floor --db --run: the sizes and, per size, the L2 policy of the run's records (no GPU:
+    the measurement is replaced by one that says what it was asked)."""
+    from core.case import Case
+    from core.store import ResultStore
+    from suite.commands import ceiling
+
+    db = tmp_path / "results.sqlite"
+    with ResultStore(db) as store:
+        store.start_run(argv=["test"], config={}, env={}, run_id="r")
+        for bits, kv, nbytes, policy in ((4, 4096, 4472964, "flush"), (2, 16384, 9454084, "rotate:27"),
+                                         (2, 4096, 2375812, None)):
+            rec = _rec(f"foscar-int{bits}", 1, kv, 15.0, nbytes, l2_policy=policy)
+            case = Case(batch=1, kv_len=kv, bits=bits)
+            store.add_record("r", {**rec, "case_key": case.key, "family": "foscar"})
+    asked = {}
+
+    def fake_measure(gpu, sizes, quick, rounds, policies=None):
+        asked.update(sizes=sizes, policies=policies)
+        return {"gpu_name": "fake", "sizes": [{"bytes": n, "median_us": 5.0} for n in sizes]}
+
+    monkeypatch.setattr(ceiling, "_measure_floor", fake_measure)
+    res = runner.invoke(app, ["ceiling", "--floor", "--db", str(db), "--run", "r"])
+    assert res.exit_code == 0, res.output
+    assert asked == {"sizes": [2375812, 4472964, 9454084], "policies": {4472964: "flush", 9454084: "rotate"}}
+    asked.clear()
+    res = runner.invoke(app, ["ceiling", "--floor", "--sizes", "4MB"])  # no run: by size
+    assert res.exit_code == 0 and asked == {"sizes": [4 * MB], "policies": None}, res.output
+
+
 def _one_line(args, code=2):
     res = runner.invoke(app, args)
     lines = [line for line in res.output.splitlines() if line.strip()]
@@ -346,6 +430,8 @@ def test_floor_on_the_gpu_is_positive_and_grows_with_bytes():
     curve = rf.measure_read_floor(torch.device("cuda", 0), [1 << 20, 64 << 20], quick=True)
     a, b = curve["sizes"]
     assert 0 < a["median_us"] < b["median_us"], curve
-    assert a["l2_policy"] == "flush" and b["l2_policy"].startswith("rotate:") and b["l2_verdict"] == "cold"
+    # by size (no records): both rotate (on an H200, 240 copies of 1 MiB and 4 of 64 MiB)
+    assert [a["l2_policy"], b["l2_policy"]] == [rf.floor_plan(n, curve["l2_bytes"]).policy for n in (1 << 20, 64 << 20)]
+    assert a["l2_policy"].startswith("rotate:") and b["l2_verdict"] == "cold"
     assert curve["timing_methods"] == ["graph"] and 0 < b["tbps"] < 6
     assert a["median_us"] < rf.floor_us(curve, 8 << 20) < b["median_us"]

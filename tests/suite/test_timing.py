@@ -1,6 +1,6 @@
 """Timing logic that needs no GPU: percentiles, the median's confidence interval, the rule
-that stops sampling on noise (with a fake sampler and clock), the cold-L2 plan and its
-verdict."""
+that stops sampling on noise (with a fake sampler and clock), the cold-L2 plan (per byte
+count and per shape) and its verdict."""
 import math
 import random
 import statistics
@@ -119,6 +119,59 @@ def test_l2_plan_policies_and_verdicts():
     assert unknown.verdict == "unknown" and "assumed" in unknown.detail
 
 
+
+# --- the shape's L2 plan (suite.timing.shape_l2_plan): pure, at a 50 MB L2 ------------------
+L2_50MB = 50 * 10**6
+BF16_B1_4K = 2 * 4096 * 8 * 128 * 2  # K and V of Llama-3-8B's 8 KV heads, d 128, in BF16: 16.8 MB
+INT4_B1_4K = 4472964  # the byte model's INT4 step at batch 1 / 4K
+
+
+def test_shape_plan_rotates_every_backend_where_the_bf16_cache_would():
+    ref = timing.l2_plan(BF16_B1_4K, L2_50MB, 32)
+    assert ref.policy == "rotate:12"  # 200 MB / 16.8 MB
+    assert timing.l2_plan(INT4_B1_4K, L2_50MB, 32).policy == "flush"  # the per-backend rule: 45 > 32
+    plan = timing.shape_l2_plan(INT4_B1_4K, BF16_B1_4K, L2_50MB, 32, 256)
+    assert (plan.policy, plan.copies, plan.rule, plan.verdict) == ("rotate:45", 45, timing.RULE_SHAPE_ROTATES, "cold")
+    assert plan.detail.startswith("rotate:45 (shape rotates: its BF16 cache of 16.8 MB needs 12 copies); 45 copies")
+    assert plan.reuse_bytes == 44 * INT4_B1_4K
+    bf16 = timing.shape_l2_plan(BF16_B1_4K, BF16_B1_4K, L2_50MB, 32, 256)
+    assert bf16.policy == ref.policy and bf16.rule == timing.RULE_SHAPE_ROTATES
+    # a shape whose BF16 cache alone is over 4x L2 rotates too: each backend as its own bytes need
+    big = timing.shape_l2_plan(300 * 10**6, 1200 * 10**6, L2_50MB, 32, 256)
+    assert big.policy == "size" and big.detail.startswith("size (shape rotates: its BF16 cache of 1200 MB needs 1 copy)")
+
+
+def test_shape_plan_flushes_every_backend_where_the_bf16_cache_would():
+    ref_bytes = 2 * 128 * 8 * 128 * 2  # batch 1 / 128 tokens: 0.5 MB, 382 copies
+    for own in (ref_bytes, 150_000, 80_000):
+        plan = timing.shape_l2_plan(own, ref_bytes, L2_50MB, 32, 256)
+        assert (plan.policy, plan.copies, plan.rule, plan.verdict) == ("flush", 1, timing.RULE_SHAPE_FLUSHES, "cold")
+        assert plan.detail == ("flush (shape flushes: its BF16 cache of 0.5 MB would need 382 copies, over 32); "
+                               "flush 100 MB before each sample")
+
+
+def test_shape_plan_falls_back_to_a_flush_over_the_cap_and_says_so():
+    plan = timing.shape_l2_plan(100_000, BF16_B1_4K, L2_50MB, 32, 256)  # 2000 copies of its own
+    assert (plan.policy, plan.rule) == ("flush", timing.RULE_OVER_CAP)
+    assert plan.detail.startswith("flush (shape rotates: its BF16 cache of 16.8 MB needs 12 copies, but this "
+                                  "backend's 0.1 MB would need 2000 copies, over the cap of 256: flushed instead); flush")
+    at_cap = timing.shape_l2_plan(-(-4 * L2_50MB // 256), BF16_B1_4K, L2_50MB, 32, 256)
+    assert at_cap.policy == "rotate:256"
+
+
+def test_shape_plan_names_bad_values_and_an_assumed_l2():
+    with pytest.raises(ValueError, match="reference_bytes=0"):
+        timing.shape_l2_plan(1000, 0, L2_50MB, 32, 256)
+    with pytest.raises(ValueError, match="max_copies=16"):
+        timing.shape_l2_plan(1000, BF16_B1_4K, L2_50MB, 32, 16)
+    with pytest.raises(ValueError, match="bytes_per_copy=-1"):
+        timing.copies_needed(-1, L2_50MB)
+    unknown = timing.shape_l2_plan(INT4_B1_4K, BF16_B1_4K, None, 32, 256)
+    assert unknown.verdict == "unknown" and "assumed" in unknown.detail and unknown.rule == timing.RULE_SHAPE_ROTATES
+    # the per-byte-count plan keeps its text and has no rule
+    flush = timing.l2_plan(100_000, 60 * 2**20, 32)
+    assert flush.detail == "flush 126 MB before each sample (would need 2517 copies)" and flush.rule == ""
+
 def _prepared(*tensors):
     from baselines.base import Prepared
 
@@ -148,6 +201,21 @@ def test_rotation_verdict_counts_what_the_copies_really_hold():
         return Prepared(run=lambda: t.sum(), reference_kv=lambda idx: None)
 
     assert timing.verify_rotation(plan, [closure_copy() for _ in range(16)], 4096).verdict == "cold"
+
+
+def test_rotation_verdict_of_a_shape_plan_keeps_its_rule():
+    import torch
+
+    l2 = 4096 * 4
+    plan = timing.shape_l2_plan(4096, 8 * 4096, l2, 32, 256)  # the "BF16" reference: 2 copies; own: 16
+    assert plan.policy == "rotate:16" and plan.rule == timing.RULE_SHAPE_ROTATES
+    cold = timing.verify_rotation(plan, [_prepared(torch.zeros(1024)) for _ in range(plan.copies)], 4096)
+    assert (cold.verdict, cold.rule, cold.detail) == ("cold", plan.rule, plan.detail)
+    shared = torch.zeros(1024)
+    warm = timing.verify_rotation(plan, [_prepared(shared) for _ in range(plan.copies)], 4096)
+    assert warm.verdict == "warm" and warm.detail.startswith(plan.detail + "; measured:") and warm.rule == plan.rule
+    flushed = timing.shape_l2_plan(4096, 100, l2, 32, 256)
+    assert timing.verify_rotation(flushed, [object()], 4096) is flushed  # a flush is not rotation: left as it is
 
 
 def test_l2_flush_reads_its_buffer_and_writes_nothing_big():
