@@ -143,6 +143,22 @@ def plan_launch(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int,
     return best[1]
 
 
+# How an item's trips run (foscar_decode.cuh: DecodeShape::kFlushBetweenBlocks, decode_kernel_for):
+# the paired G = 128 kernels with channel-wise K and token-wise V flush token-wise V's sums
+# between blocks of V_FLUSH_TRIPS trips, except INT2's launches whose splits never flush (at most
+# V_FLUSH_TRIPS chunks), which run the flat loop. Each loop is its own kernel instance, the
+# template's last argument.
+V_FLUSH_TRIPS = 32
+
+
+def runs_in_blocks(bits: int, group_size: int, k_mode: str, v_mode: str, variant: str,
+                   kv_heads_per_item: int, chunks_per_split: int) -> bool:
+    """Whether the launch runs the kernel instance whose trips go in blocks."""
+    blocks = (kv_heads_per_item == 2 and group_size == 128 and k_mode == "channel" and v_mode == "token"
+              and variant != "dequant")
+    return blocks and not (bits == 2 and chunks_per_split <= V_FLUSH_TRIPS)
+
+
 def unsupported_reason(num_q_heads: int, num_kv_heads: int, head_dim: int, config: QuantConfig,
                        variant: str = "fold", device: torch.device | None = None) -> str | None:
     """Why this build of the kernels cannot run a case, or None when it can."""

@@ -495,8 +495,9 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
   merge_splits<T>(p, s, L, w);
 }
 
-// The consumer warpgroup: the items of this CTA, chunk by chunk.
-template <class T, class KSide, class VSide>
+// The consumer warpgroup: the items of this CTA, chunk by chunk; BLOCKS: the trips in blocks
+// of kVFlushTrips.
+template <class T, class KSide, class VSide, bool BLOCKS>
 __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
   const Lane L(threadIdx.x - 128, p.ratio, T::HP);
   RingCursor<T> ring;  // the current trip's stages
@@ -569,7 +570,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     // its fp32 never holds more than that many trips' bias (an item of any length keeps the
     // exact fold's error; docs/PERFORMANCE.md, v16): between blocks of trips, or inside the
     // trip (DecodeShape::kFlushBetweenBlocks says which is faster for this kernel).
-    if constexpr (T::kFlushBetweenBlocks) {
+    if constexpr (BLOCKS) {
       for (int c0 = w.chunk_begin; c0 < w.chunk_end; c0 += kVFlushTrips) {
         if (c0 > w.chunk_begin) vs.flush();
         const int c1 = min(c0 + kVFlushTrips, w.chunk_end);

@@ -150,12 +150,6 @@ constexpr int kMinCtasPerSm = 3;
 #define FOSCAR_PAIR_STAGES_INT2 6
 #endif
 
-// Lab: the split merge reads each split's (m, l) in one load and has the first 8 splits' partial
-// outputs in flight while it makes the weights (batch 1's merge: docs/PERFORMANCE.md, v17).
-#ifndef FOSCAR_MERGE_EARLY
-#define FOSCAR_MERGE_EARLY 0
-#endif
-
 // A kernel's shape: everything but its occupancy (DecodeTraits adds that, from the shared memory
 // this shape takes).
 template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
@@ -164,14 +158,17 @@ struct DecodeShape {
   static constexpr bool KCH = KCH_, VCH = VCH_, DEQ = DEQ_;
   static constexpr int HP = HP_;  // KV heads per item (1, or 2 paired: kv_heads_per_item)
   static_assert(HP == 1 || HP == 2, "an item holds one KV head or a pair");
-  // Where token-wise V's flush runs (consume(); docs/PERFORMANCE.md, v17). The paired G = 128
-  // kernels with channel-wise K run their trips in blocks of kVFlushTrips and flush between
-  // blocks: no test in the trip, 2.7 % fewer instructions, INT4 level to 1.7 % faster over the
-  // grid, INT2 1.3-2.5 % faster on long items and 2-5 % slower on items of 32 chunks or fewer.
+  // Where token-wise V's flush runs (consume(); docs/PERFORMANCE.md, v17 and v18). The paired
+  // G = 128 kernels with channel-wise K can run their trips in blocks of kVFlushTrips and flush
+  // between blocks: no test in the trip, 2.7 % fewer instructions, INT4 level to 1.7 % faster over
+  // the grid, INT2 1.3-2.5 % faster on long items. INT2's kernel in blocks spills around the
+  // nested loop (at four CTAs per SM), which costs 3-5 % on items that never flush (32 chunks or
+  // fewer), so those items run it flat: a second instance, chosen per launch (decode_kernel_for).
   // The others flush beside S's first wgmma of every kVFlushTrips-th trip: in blocks, INT2
   // token/token (which then spills more) measured 1.5-3.7 % slower and the one-head kernels 1-3 %
   // slower at batch 1; other groups were not measured in blocks.
   static constexpr bool kFlushBetweenBlocks = HP == 2 && G == 128 && KCH && !VCH && !DEQ;
+  static constexpr bool kFlatShortItems = kFlushBetweenBlocks && BITS == 2;
   static constexpr int kCodeBytes = kChunk * kD * BITS / 8;     // one tensor's codes of one chunk
   static constexpr int kGroupsD = kD / G;                        // channel groups (token-wise modes)
   static constexpr int kGroupsT = G >= kChunk ? 1 : kChunk / G;  // token groups in a chunk (channel-wise)
@@ -849,9 +846,9 @@ struct SStream {
 // the last CTA of a KV head merges 49 splits while the rest of the GPU has finished.
 template <int COLS, int UNROLL>
 __device__ __forceinline__ void merge_columns(const DecodeParams& p, const float* wgt, size_t row0, int S, int c,
-                                              float (&acc)[kN], int sp0 = 0) {
+                                              float (&acc)[kN]) {
 #pragma unroll UNROLL
-  for (int sp = sp0; sp < S; ++sp) {
+  for (int sp = 0; sp < S; ++sp) {
 #pragma unroll
     for (int hd = 0; hd < COLS; ++hd)
       if (hd < p.cols) acc[hd] = fmaf(wgt[hd * S + sp], __ldcg(p.ws_o + (row0 + hd * S + sp) * kD + c), acc[hd]);
@@ -884,27 +881,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   float* wgt = &s.merge[0][0][0];  // [head][split]
   static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 heads x 128 splits");
   const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // head hd, split sp: row0 + hd S + sp
-  const int c = L.tid;
-#if FOSCAR_MERGE_EARLY
-  // Each split's (m, l) in one load, l beside the weights; the first kPre splits' partial
-  // outputs of the first 4 columns loaded now, in flight while the weights are made.
-  static_assert(sizeof(s.merge) >= 2 * kN * kD * sizeof(float), "the merge buffer holds m and l of 8 x 128 splits");
-  float* lsum = wgt + kN * kD;
-  for (int i = L.tid; i < n; i += kConsumerThreads) {
-    const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ws_ml) + row0 + i);
-    wgt[i] = ml.x, lsum[i] = ml.y;
-  }
-  constexpr int kPre = 8;
-  const int pre_n = p.cols <= kN / 2 ? min(S, kPre) : 0;  // 8 columns: merge_columns<kN, 4> reads them all
-  float pre[kPre][kN / 2];
-#pragma unroll
-  for (int sp = 0; sp < kPre; ++sp)
-#pragma unroll
-    for (int hd = 0; hd < kN / 2; ++hd)
-      pre[sp][hd] = sp < pre_n && hd < p.cols ? __ldcg(p.ws_o + (row0 + hd * S + sp) * kD + c) : 0.f;
-#else
   for (int i = L.tid; i < n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + (row0 + i) * 2);
-#endif
   named_barrier(kConsumerBarrier, kConsumerThreads);
   for (int hd = L.warp; hd < p.cols; hd += 4) {
     float mx = kNegInf;
@@ -914,40 +891,24 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
     for (int sp = L.lane; sp < S; sp += 32) {
       const float m = wgt[hd * S + sp];  // a split with no tokens of this sequence weighs 0
       const float e = m == kNegInf ? 0.f : exp2f(m - mx);
-#if FOSCAR_MERGE_EARLY
-      den = fmaf(e, lsum[hd * S + sp], den);
-#else
       den = fmaf(e, __ldcg(p.ws_ml + (row0 + hd * S + sp) * 2 + 1), den);
-#endif
       wgt[hd * S + sp] = e;
     }
     den = reduce_lanes<32, false>(den);
     for (int sp = L.lane; sp < S; sp += 32) wgt[hd * S + sp] /= den;
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
+  const int c = L.tid;
   float acc[kN];
 #pragma unroll
   for (int hd = 0; hd < kN; ++hd) acc[hd] = 0.f;
   // 32 loads in flight either way. (One loop over 8 columns, each guarded by cols, 2 splits at a
   // time, kept the loads of batch 1's 4 columns from overlapping: its merge took about 18 us of
   // 46 at 32K and 19 of 79 at 128K; docs/PERFORMANCE.md, v10.)
-#if FOSCAR_MERGE_EARLY
-  if (p.cols <= kN / 2) {
-#pragma unroll
-    for (int sp = 0; sp < kPre; ++sp)
-#pragma unroll
-      for (int hd = 0; hd < kN / 2; ++hd)
-        if (sp < pre_n && hd < p.cols) acc[hd] = fmaf(wgt[hd * S + sp], pre[sp][hd], acc[hd]);
-    merge_columns<kN / 2, 8>(p, wgt, row0, S, c, acc, pre_n);
-  } else {
-    merge_columns<kN, 4>(p, wgt, row0, S, c, acc);
-  }
-#else
   if (p.cols <= kN / 2)
     merge_columns<kN / 2, 8>(p, wgt, row0, S, c, acc);
   else
     merge_columns<kN, 4>(p, wgt, row0, S, c, acc);
-#endif
 #pragma unroll
   for (int hd = 0; hd < kN; ++hd)
     if (hd < p.cols) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
@@ -960,10 +921,13 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
 
 namespace foscar {
 
-template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+// BLOCKS: the consumers run an item's trips in blocks of kVFlushTrips (DecodeShape::
+// kFlushBetweenBlocks; decode_kernel_for() picks the instance per launch).
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, bool BLOCKS>
 __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kCtasPerSm)
     foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
   using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
+  static_assert(!BLOCKS || T::kFlushBetweenBlocks, "only the kernels that flush between blocks run in blocks");
   SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(dynamic_smem());
   if (threadIdx.x == 0) {
     for (int i = 0; i < T::kStages; ++i) {
@@ -978,7 +942,23 @@ __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>:
     if (threadIdx.x == 0) produce<T>(p, s);
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
-    consume<T, KSideOf<T>, VSideOf<T>>(p, s);
+    consume<T, KSideOf<T>, VSideOf<T>, BLOCKS>(p, s);
+  }
+}
+
+// The kernel instance a launch runs: in blocks where the shape flushes between blocks, except
+// INT2's items that never flush (chunks_per_split <= kVFlushTrips), which run flat. Only the
+// instances a launch can pick are instantiated.
+using DecodeKernel = void (*)(DecodeParams);
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+inline DecodeKernel decode_kernel_for(int chunks_per_split) {
+  using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
+  if constexpr (T::kFlatShortItems) {
+    return chunks_per_split > kVFlushTrips ? foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP, true>
+                                           : foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP, false>;
+  } else {
+    (void)chunks_per_split;
+    return foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP, T::kFlushBetweenBlocks>;
   }
 }
 

@@ -21,6 +21,7 @@ struct EmuLaunch {
   static int run(const FoscarDecodeArgs& a, void*) {
     using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
     const DecodeParams p = make_params(a);
+    const DecodeKernel kernel = decode_kernel_for<BITS, G, KCH, VCH, DEQ, HP>(a.units_per_split);
     const unsigned threads = T::kThreads;
     // One host thread per CUDA thread for the whole grid: they run the CTAs one after another
     // and meet at the CTA's barrier between two (shared memory is reused, as on a GPU).
@@ -36,7 +37,7 @@ struct EmuLaunch {
         c.cta = &cta;
         for (int x = 0; x < a.num_ctas; ++x) {
           c.block_idx = {static_cast<unsigned>(x), 0, 0};
-          foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP>(p);
+          kernel(p);
           cta.bar.arrive_and_wait();
         }
       });
