@@ -149,6 +149,12 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PAIR_STAGES_INT2
 #define FOSCAR_PAIR_STAGES_INT2 6
 #endif
+// Lab: the producer reads one page-table entry per stage (the next K chunk's, a stage ahead) and
+// carries it to the V of the next stage and to every head of a paired item, instead of two
+// entries per stage and head.
+#ifndef FOSCAR_PAGE_CARRY
+#define FOSCAR_PAGE_CARRY 0
+#endif
 
 // A kernel's shape: everything but its occupancy (DecodeTraits adds that, from the shared memory
 // this shape takes).
@@ -278,43 +284,49 @@ __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
 // releases it whole. An item of n chunks takes n + 1 stages, the first (j = chunk_begin - 1)
 // holding only the first chunk's K. A paired item's stage j is two, its first head's then its
 // second's. Each stage is filled by up to four bulk copies completing on its "full" mbarrier.
-
-// Where a chunk lies: its physical page and its first token in it.
-struct ChunkPlace {
-  unsigned long long page = 0;
-  int tip = 0;
-};
-
-__device__ __forceinline__ ChunkPlace locate_chunk(const DecodeParams& p, const int32_t* row, int c) {
-  const int tok = c * kChunk, lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
-  return {static_cast<unsigned>(row[lpage]), tok - lpage * p.page_size};
-}
-
-// Stage j of KV head h into ring slot `stage` (freed by the consumers): V of chunk j at pv
-// (has_v), K of chunk j + 1 at pk (has_k). The producer reads the places (produce()): a
-// copy's asm orders memory, so a page read after a copy would wait its full latency.
+//
+// Stage j of KV head h of sequence b (chunks chunk_begin .. chunk_end - 1) into ring slot
+// `stage` (freed by the consumers). Both chunks' pages are read before the first copy is
+// issued: a copy's asm orders memory, so a page read after it would wait its full latency.
 template <class T>
-__device__ __forceinline__ void fill_stage(const DecodeParams& p, SharedStorage<T>& s, int stage, int h,
-                                              bool has_k, bool has_v, ChunkPlace pk, ChunkPlace pv) {
+__device__ __forceinline__ void fill_stage(const DecodeParams& p, SharedStorage<T>& s, int stage, int b, int h,
+                                           int chunk_begin, int chunk_end, int j) {
+  const bool has_k = j + 1 < chunk_end, has_v = j >= chunk_begin;
+  // The K parameters ride with the K codes (lead 1) or with the V (lead 0): same chunk, same page.
   const bool has_kp = T::kKParamLead ? has_k : has_v;
-  const ChunkPlace pkp = T::kKParamLead ? pk : pv;
+  const int32_t* row = p.page_table + (size_t)b * p.max_pages;
+  // The chunk's page and its first token in it.
+  auto locate = [&](int c, unsigned long long& page, int& tip) {
+    const int tok = c * kChunk, lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
+    page = static_cast<unsigned>(row[lpage]);
+    tip = tok - lpage * p.page_size;
+  };
+  unsigned long long page_v = 0, page_k = 0;
+  int tip_v = 0, tip_k = 0;
+  if (has_v) locate(j, page_v, tip_v);
+  if (has_k) locate(j + 1, page_k, tip_k);
+  const unsigned long long page_kp = T::kKParamLead ? page_k : page_v;
+  const int tip_kp = T::kKParamLead ? tip_k : tip_v;
   const unsigned long long code_page = p.code_page_bytes, param_page = p.param_page_bytes;
   const unsigned code_head = h * p.code_head_bytes, param_head = h * p.param_head_bytes;
-  auto codes = [&](ChunkPlace c) {
-    return c.page * code_page + code_head + (unsigned)(c.tip / 16 * (16 * kD * T::BITS / 8));
+  // Codes: the page, this head's slice, the chunk's first 16-token row; parameters: its first
+  // token group (channel-wise) or token (token-wise).
+  auto codes = [&](unsigned long long page, int tip) {
+    return page * code_page + code_head + (unsigned)(tip / 16 * (16 * kD * T::BITS / 8));
   };
-  auto params = [&](ChunkPlace c, bool channel) {
-    return c.page * param_page + param_head + (unsigned)(channel ? (c.tip / T::G) * kD * 4 : c.tip * T::kGroupsD * 4);
+  auto params = [&](unsigned long long page, int tip, bool channel) {
+    return page * param_page + param_head + (unsigned)(channel ? (tip / T::G) * kD * 4 : tip * T::kGroupsD * 4);
   };
   uint8_t* st = s.ring[stage];
   uint64_t* full = &s.full[stage];
   mbar_arrive_expect_tx(full, (has_k ? T::kCodeBytes : 0) + (has_kp ? T::kKParamBytes : 0) +
                                   (has_v ? T::kCodeBytes + T::kVParamBytes : 0));
-  if (has_k) bulk_copy_g2s(st, p.k_codes + codes(pk), T::kCodeBytes, full);
-  if (has_kp) bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + params(pkp, T::KCH), T::kKParamBytes, full);
+  if (has_k) bulk_copy_g2s(st, p.k_codes + codes(page_k, tip_k), T::kCodeBytes, full);
+  if (has_kp) bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + params(page_kp, tip_kp, T::KCH), T::kKParamBytes, full);
   if (has_v) {
-    bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + codes(pv), T::kCodeBytes, full);
-    bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kKParamBytes, p.v_params + params(pv, T::VCH), T::kVParamBytes, full);
+    bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + codes(page_v, tip_v), T::kCodeBytes, full);
+    bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kKParamBytes, p.v_params + params(page_v, tip_v, T::VCH),
+                  T::kVParamBytes, full);
   }
 }
 
@@ -342,30 +354,75 @@ struct RingCursor {
   __device__ __forceinline__ void next_trip() { advance(T::HP); }
 };
 
+#if FOSCAR_PAGE_CARRY
+// Where a chunk lies: its physical page and its first token in it.
+struct ChunkPlace {
+  unsigned long long page = 0;
+  int tip = 0;
+};
 
-// The producer warpgroup: one lane streams every stage of the CTA's items into the ring. It
-// reads one page-table entry per stage, the K chunk's of the stage after next, so the read's
-// latency passes under a stage's waits and copies; a place serves the K of one stage, the V of
-// the next and every head of a paired item (v19; before, two reads per stage and head, each
-// after the last copy's memory clobber: 0.3-0.8 % slower at batch 128).
+__device__ __forceinline__ ChunkPlace locate_chunk(const DecodeParams& p, const int32_t* row, int c) {
+  const int tok = c * kChunk, lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
+  return {static_cast<unsigned>(row[lpage]), tok - lpage * p.page_size};
+}
+
+// fill_stage() with the chunks' places read by the caller: V of chunk j at pv (has_v), K of
+// chunk j + 1 at pk (has_k).
+template <class T>
+__device__ __forceinline__ void fill_stage_at(const DecodeParams& p, SharedStorage<T>& s, int stage, int h,
+                                              bool has_k, bool has_v, ChunkPlace pk, ChunkPlace pv) {
+  const bool has_kp = T::kKParamLead ? has_k : has_v;
+  const ChunkPlace pkp = T::kKParamLead ? pk : pv;
+  const unsigned long long code_page = p.code_page_bytes, param_page = p.param_page_bytes;
+  const unsigned code_head = h * p.code_head_bytes, param_head = h * p.param_head_bytes;
+  auto codes = [&](ChunkPlace c) {
+    return c.page * code_page + code_head + (unsigned)(c.tip / 16 * (16 * kD * T::BITS / 8));
+  };
+  auto params = [&](ChunkPlace c, bool channel) {
+    return c.page * param_page + param_head + (unsigned)(channel ? (c.tip / T::G) * kD * 4 : c.tip * T::kGroupsD * 4);
+  };
+  uint8_t* st = s.ring[stage];
+  uint64_t* full = &s.full[stage];
+  mbar_arrive_expect_tx(full, (has_k ? T::kCodeBytes : 0) + (has_kp ? T::kKParamBytes : 0) +
+                                  (has_v ? T::kCodeBytes + T::kVParamBytes : 0));
+  if (has_k) bulk_copy_g2s(st, p.k_codes + codes(pk), T::kCodeBytes, full);
+  if (has_kp) bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + params(pkp, T::KCH), T::kKParamBytes, full);
+  if (has_v) {
+    bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + codes(pv), T::kCodeBytes, full);
+    bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kKParamBytes, p.v_params + params(pv, T::VCH), T::kVParamBytes, full);
+  }
+}
+#endif
+
+// The producer warpgroup: one lane streams every stage of the CTA's items into the ring.
 template <class T>
 __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
   RingCursor<T> ring;  // the next stage to fill
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
     if (w.chunk_end == w.chunk_begin) continue;
+#if FOSCAR_PAGE_CARRY
     const int32_t* row = p.page_table + (size_t)w.b * p.max_pages;
     ChunkPlace pv, pk = locate_chunk(p, row, w.chunk_begin);  // stage chunk_begin - 1: K of the first chunk
     for (int j = w.chunk_begin - 1; j < w.chunk_end; ++j) {
       const bool has_k = j + 1 < w.chunk_end, has_v = j >= w.chunk_begin;
+      // The next stage's K place, read now: its latency passes under this stage's waits and copies.
       const ChunkPlace next = j + 2 < w.chunk_end ? locate_chunk(p, row, j + 2) : ChunkPlace{};
 #pragma unroll
       for (int hp = 0; hp < T::HP; ++hp, ring.advance(1)) {
         mbar_wait(&s.empty[ring.slot], ring.phase ^ 1u);  // the consumers freed its last use
-        fill_stage<T>(p, s, ring.slot, w.h + hp, has_k, has_v, pk, pv);
+        fill_stage_at<T>(p, s, ring.slot, w.h + hp, has_k, has_v, pk, pv);
       }
       pv = pk, pk = next;
     }
+#else
+    for (int j = w.chunk_begin - 1; j < w.chunk_end; ++j)
+#pragma unroll
+      for (int hp = 0; hp < T::HP; ++hp, ring.advance(1)) {
+        mbar_wait(&s.empty[ring.slot], ring.phase ^ 1u);  // the consumers freed its last use
+        fill_stage<T>(p, s, ring.slot, w.b, w.h + hp, w.chunk_begin, w.chunk_end, j);
+      }
+#endif
   }
 }
 
