@@ -149,12 +149,6 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PAIR_STAGES_INT2
 #define FOSCAR_PAIR_STAGES_INT2 6
 #endif
-// Lab: the producer reads one page-table entry per stage (the next K chunk's, a stage ahead) and
-// carries it to the V of the next stage and to every head of a paired item, instead of two
-// entries per stage and head.
-#ifndef FOSCAR_PAGE_CARRY
-#define FOSCAR_PAGE_CARRY 0
-#endif
 
 // A kernel's shape: everything but its occupancy (DecodeTraits adds that, from the shared memory
 // this shape takes).
@@ -354,46 +348,6 @@ struct RingCursor {
   __device__ __forceinline__ void next_trip() { advance(T::HP); }
 };
 
-#if FOSCAR_PAGE_CARRY
-// Where a chunk lies: its physical page and its first token in it.
-struct ChunkPlace {
-  unsigned long long page = 0;
-  int tip = 0;
-};
-
-__device__ __forceinline__ ChunkPlace locate_chunk(const DecodeParams& p, const int32_t* row, int c) {
-  const int tok = c * kChunk, lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
-  return {static_cast<unsigned>(row[lpage]), tok - lpage * p.page_size};
-}
-
-// fill_stage() with the chunks' places read by the caller: V of chunk j at pv (has_v), K of
-// chunk j + 1 at pk (has_k).
-template <class T>
-__device__ __forceinline__ void fill_stage_at(const DecodeParams& p, SharedStorage<T>& s, int stage, int h,
-                                              bool has_k, bool has_v, ChunkPlace pk, ChunkPlace pv) {
-  const bool has_kp = T::kKParamLead ? has_k : has_v;
-  const ChunkPlace pkp = T::kKParamLead ? pk : pv;
-  const unsigned long long code_page = p.code_page_bytes, param_page = p.param_page_bytes;
-  const unsigned code_head = h * p.code_head_bytes, param_head = h * p.param_head_bytes;
-  auto codes = [&](ChunkPlace c) {
-    return c.page * code_page + code_head + (unsigned)(c.tip / 16 * (16 * kD * T::BITS / 8));
-  };
-  auto params = [&](ChunkPlace c, bool channel) {
-    return c.page * param_page + param_head + (unsigned)(channel ? (c.tip / T::G) * kD * 4 : c.tip * T::kGroupsD * 4);
-  };
-  uint8_t* st = s.ring[stage];
-  uint64_t* full = &s.full[stage];
-  mbar_arrive_expect_tx(full, (has_k ? T::kCodeBytes : 0) + (has_kp ? T::kKParamBytes : 0) +
-                                  (has_v ? T::kCodeBytes + T::kVParamBytes : 0));
-  if (has_k) bulk_copy_g2s(st, p.k_codes + codes(pk), T::kCodeBytes, full);
-  if (has_kp) bulk_copy_g2s(st + 2 * T::kCodeBytes, p.k_params + params(pkp, T::KCH), T::kKParamBytes, full);
-  if (has_v) {
-    bulk_copy_g2s(st + T::kCodeBytes, p.v_codes + codes(pv), T::kCodeBytes, full);
-    bulk_copy_g2s(st + 2 * T::kCodeBytes + T::kKParamBytes, p.v_params + params(pv, T::VCH), T::kVParamBytes, full);
-  }
-}
-#endif
-
 // The producer warpgroup: one lane streams every stage of the CTA's items into the ring.
 template <class T>
 __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
@@ -401,28 +355,12 @@ __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
     if (w.chunk_end == w.chunk_begin) continue;
-#if FOSCAR_PAGE_CARRY
-    const int32_t* row = p.page_table + (size_t)w.b * p.max_pages;
-    ChunkPlace pv, pk = locate_chunk(p, row, w.chunk_begin);  // stage chunk_begin - 1: K of the first chunk
-    for (int j = w.chunk_begin - 1; j < w.chunk_end; ++j) {
-      const bool has_k = j + 1 < w.chunk_end, has_v = j >= w.chunk_begin;
-      // The next stage's K place, read now: its latency passes under this stage's waits and copies.
-      const ChunkPlace next = j + 2 < w.chunk_end ? locate_chunk(p, row, j + 2) : ChunkPlace{};
-#pragma unroll
-      for (int hp = 0; hp < T::HP; ++hp, ring.advance(1)) {
-        mbar_wait(&s.empty[ring.slot], ring.phase ^ 1u);  // the consumers freed its last use
-        fill_stage_at<T>(p, s, ring.slot, w.h + hp, has_k, has_v, pk, pv);
-      }
-      pv = pk, pk = next;
-    }
-#else
     for (int j = w.chunk_begin - 1; j < w.chunk_end; ++j)
 #pragma unroll
       for (int hp = 0; hp < T::HP; ++hp, ring.advance(1)) {
         mbar_wait(&s.empty[ring.slot], ring.phase ^ 1u);  // the consumers freed its last use
         fill_stage<T>(p, s, ring.slot, w.b, w.h + hp, w.chunk_begin, w.chunk_end, j);
       }
-#endif
   }
 }
 
