@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 from rich.console import Console
@@ -25,6 +25,12 @@ class Comparison:
     head_runs: list[str]
     min_change: float
     fail_threshold: float | None
+    gpu_threshold: float = noise.CROSS_GPU_THRESHOLD  # across physical GPUs (noise.judge)
+
+    @property
+    def cross_gpu(self) -> pd.Series:
+        """True for the series whose BASE and HEAD records name different physical GPUs."""
+        return _different(self.changes)
 
     @property
     def failures(self) -> pd.DataFrame:
@@ -33,15 +39,51 @@ class Comparison:
         return self.changes[self.changes["gate"]]
 
 
+def _with_gpus(changes: pd.DataFrame, base: pd.DataFrame, head: pd.DataFrame) -> pd.DataFrame:
+    """changes plus gpu_uuid_base / gpu_uuid_head: the physical GPU of the record each side
+    was judged on (series.pair keeps the newest record per series; so does this)."""
+    for suffix, recs in (("_base", base), ("_head", head)):
+        latest = series.latest_records(recs)
+        uuids = latest["gpu_uuid"] if "gpu_uuid" in latest else pd.Series(None, index=latest.index, dtype=object)
+        side = latest[series.SERIES_KEYS].assign(**{"gpu_uuid" + suffix: uuids.astype(object)})
+        changes = changes.merge(side, on=series.SERIES_KEYS, how="left")
+    return changes
+
+
+def _different(changes: pd.DataFrame) -> pd.Series:
+    if "gpu_uuid_base" not in changes:
+        return pd.Series(False, index=changes.index)
+    return pd.Series([bool(noise.different_gpus(noise.Sample(1.0, gpu_uuid=a), noise.Sample(1.0, gpu_uuid=b)))
+                      for a, b in zip(changes["gpu_uuid_base"], changes["gpu_uuid_head"])],
+                     index=changes.index, dtype=bool)
+
+
+def _sample(row, suffix: str) -> noise.Sample:
+    """series.sample plus the side's physical GPU, so that noise.judge sees a change across GPUs."""
+    uuid = row.get("gpu_uuid" + suffix)
+    return replace(series.sample(row, suffix), gpu_uuid=None if uuid is None or pd.isna(uuid) else str(uuid))
+
+
 def compare(results: Results, base: str, head: str, min_change: float = 0.02,
-            fail_threshold: float | None = None) -> Comparison:
+            fail_threshold: float | None = None, gpu_threshold: float = noise.CROSS_GPU_THRESHOLD) -> Comparison:
     """Pair every series of BASE with HEAD's and judge each (reports.noise.judge). A CI
     failure is a series judged slower with `fail_threshold` as the threshold (beyond it,
-    beyond both sides' noise, at matching SM clocks), or one that passed in BASE and no
-    longer passes in HEAD."""
+    beyond both sides' noise, at matching SM clocks, and beyond `gpu_threshold` where BASE
+    and HEAD ran on different physical GPUs), or one that passed in BASE and no longer
+    passes in HEAD.
+
+    Why across GPUs a change is not called on the threshold alone: H200s of one pool differ
+    by 2-3.5 % at small shapes (noise.CROSS_GPU_THRESHOLD), which neither side's interval
+    sees; a 2 % "slower" between two machines says more about the machines than the code.
+    Such a series reads ambiguous (different GPUs: a vs b) unless its change passes the
+    larger threshold, so that every call still means something. Records without gpu_uuid
+    (old ones, CPU runs) are judged as before."""
     base_runs, head_runs = resolve(results, base), resolve(results, head)
     recs = results.records
-    changes = series.pair(recs[recs["run_id"].isin(base_runs)], recs[recs["run_id"].isin(head_runs)], min_change)
+    base_recs, head_recs = recs[recs["run_id"].isin(base_runs)], recs[recs["run_id"].isin(head_runs)]
+    changes = _with_gpus(series.pair(base_recs, head_recs, min_change), base_recs, head_recs)
+    for i in changes.index[_different(changes)]:
+        _rejudge(changes, i, min_change, gpu_threshold)
     gate = []
     for _, row in changes.iterrows():
         if fail_threshold is None:
@@ -49,12 +91,27 @@ def compare(results: Results, base: str, head: str, min_change: float = 0.02,
         elif str(row["verdict"]).startswith(STATUS_LOSS):
             gate.append(True)
         elif row["change"] is not None and pd.notna(row["change"]):
-            j = noise.judge(series.sample(row, "_base"), series.sample(row, "_head"), fail_threshold)
+            j = noise.judge(_sample(row, "_base"), _sample(row, "_head"), fail_threshold, gpu_threshold=gpu_threshold)
             gate.append(j.verdict == noise.SLOWER)
         else:
             gate.append(False)
     changes["gate"] = gate
-    return Comparison(changes, base_runs, head_runs, min_change, fail_threshold)
+    return Comparison(changes, base_runs, head_runs, min_change, fail_threshold, gpu_threshold)
+
+
+def _rejudge(changes: pd.DataFrame, i, min_change: float, gpu_threshold: float) -> None:
+    """Judge row i again knowing that its two sides ran on different GPUs (series.pair does
+    not see gpu_uuid); status changes keep their verdict, the timing note follows."""
+    row = changes.loc[i]
+    verdict = str(row["verdict"])
+    timing = verdict in (noise.SAME, noise.FASTER, noise.SLOWER, noise.AMBIGUOUS)
+    if not (timing or verdict.startswith(STATUS_LOSS)) or row["change"] is None or pd.isna(row["change"]):
+        return
+    j = noise.judge(_sample(row, "_base"), _sample(row, "_head"), min_change, gpu_threshold=gpu_threshold)
+    if timing:
+        changes.loc[i, "verdict"], changes.loc[i, "why"] = j.verdict, j.reason
+    else:
+        changes.loc[i, "why"] = f"timed: {j.verdict}"
 
 
 def _us(median, noise_rel) -> str:
@@ -99,8 +156,21 @@ def render(cmp: Comparison, console: Console | None = None, show_all: bool = Fal
     summary = ", ".join(f"{n} {v}" for v, n in counts.items())
     console.print(f"{len(df)} series compared; a change is called beyond {100 * cmp.min_change:.1f}% and "
                   f"beyond the noise of both sides (95% intervals of the medians), at SM clocks within "
-                  f"{100 * noise.CLOCK_TOLERANCE:.0f}%: {summary}.")
+                  f"{100 * noise.CLOCK_TOLERANCE:.0f}%: {summary}.{_cross_gpu_summary(cmp)}")
     if cmp.fail_threshold is not None:
         n = len(cmp.failures)
         console.print(f"[bold {'red' if n else 'green'}]{n} regression(s) beyond "
                       f"{100 * cmp.fail_threshold:.1f}% and outside the noise, or lost passing cases.[/]")
+
+
+def _cross_gpu_summary(cmp: Comparison) -> str:
+    """' N of them compared records from different GPUs (a vs b); ...', or '' when none did."""
+    cross = cmp.changes[cmp.cross_gpu]
+    if not len(cross):
+        return ""
+    pairs = sorted({" vs ".join(noise.short_uuids(str(a), str(b)))
+                    for a, b in zip(cross["gpu_uuid_base"], cross["gpu_uuid_head"])})
+    shown = ", ".join(pairs[:3]) + (f" and {len(pairs) - 3} more pairs" if len(pairs) > 3 else "")
+    return (f" {len(cross)} of them compared records from different GPUs ({shown}); there a change is "
+            f"called only beyond {100 * max(cmp.min_change, cmp.gpu_threshold):.1f}%, as H200s of one pool "
+            f"differ by 2-3.5% at small shapes.")

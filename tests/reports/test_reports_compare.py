@@ -202,3 +202,101 @@ def test_parse_fraction(text, value):
 def test_parse_fraction_rejects_words():
     with pytest.raises(ValueError, match="not a number"):
         parse_fraction("five")
+
+
+# --- BASE and HEAD on different physical GPUs (gpu_uuid) -----------------------------------
+UUID_A = "GPU-f20d61eb-6190-c591-ff1d-57861e916803"
+UUID_B = "GPU-e1f4468f-0000-1111-2222-333344445555"
+
+
+def _two_gpu_store(path: Path, factor: float, base_uuid, head_uuid) -> None:
+    """Runs BASE and HEAD of one INT4 series (batch 8 / KV 4K, median known to +-0.1%), HEAD
+    x factor; each record names the GPU it ran on (None: an old record without gpu_uuid)."""
+    with ResultStore(path) as store:
+        for run, med, uuid in (("BASE", 26.6, base_uuid), ("HEAD", 26.6 * factor, head_uuid)):
+            store.start_run(argv=[], config={}, env={}, run_id=run)
+            store.add_record(run, {
+                "case_key": "b8-kv4096", "backend": "foscar-int4", "batch": 8, "kv_len": 4096,
+                "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "bits": 4, "k_mode": "channel",
+                "v_mode": "token", "group_size": 128, "page_size": 64, "gpu_name": "NVIDIA H200",
+                "gpu_uuid": uuid, "status": "passed", "median_us": med, "p10_us": med * 0.99,
+                "p90_us": med * 1.01, "n_samples": 2000, "spread": 0.002, "sm_clock_mhz_after": 1980.0,
+            })
+
+
+@pytest.mark.parametrize("factor, base_uuid, head_uuid, verdict, why", [
+    # one GPU: called on the 2% threshold, as before
+    (1.025, UUID_A, UUID_A, noise.SLOWER, ""),
+    (0.975, UUID_A, UUID_A, noise.FASTER, ""),
+    # two GPUs: 2.5% is what H200s of one pool differ by; not called
+    (1.025, UUID_A, UUID_B, noise.AMBIGUOUS, "different GPUs: GPU-f20d61eb vs GPU-e1f4468f"),
+    (0.975, UUID_A, UUID_B, noise.AMBIGUOUS, "different GPUs: GPU-f20d61eb vs GPU-e1f4468f"),
+    # two GPUs, beyond the cross-GPU threshold: called, the GPUs noted
+    (1.07, UUID_A, UUID_B, noise.SLOWER, "different GPUs: GPU-f20d61eb vs GPU-e1f4468f"),
+    (0.93, UUID_A, UUID_B, noise.FASTER, "different GPUs: GPU-f20d61eb vs GPU-e1f4468f"),
+    # two GPUs, within the threshold: still the same
+    (1.002, UUID_A, UUID_B, noise.SAME, ""),
+    # either side without a uuid (old records, CPU): as before
+    (1.025, None, UUID_B, noise.SLOWER, ""),
+    (1.025, UUID_A, None, noise.SLOWER, ""),
+    (1.025, None, None, noise.SLOWER, ""),
+])
+def test_compare_across_gpus(tmp_path, factor, base_uuid, head_uuid, verdict, why):
+    db = tmp_path / "gpus.sqlite"
+    _two_gpu_store(db, factor, base_uuid, head_uuid)
+    cmp = compare(open_store(db), "BASE", "HEAD", min_change=0.02, fail_threshold=0.02)
+    row = cmp.changes.iloc[0]
+    assert len(cmp.changes) == 1
+    assert (row["verdict"], row["why"]) == (verdict, why)
+    assert row["change"] == pytest.approx(factor - 1)
+    # the gate follows the same rule: a 2.5% slowdown between two GPUs fails no gate
+    assert bool(row["gate"]) == (verdict == noise.SLOWER)
+    assert cmp.cross_gpu.tolist() == [bool(base_uuid and head_uuid and base_uuid != head_uuid)]
+
+
+def test_compare_across_gpus_threshold_is_a_parameter(tmp_path):
+    db = tmp_path / "gpus.sqlite"
+    _two_gpu_store(db, 1.07, UUID_A, UUID_B)
+    assert compare(open_store(db), "BASE", "HEAD", gpu_threshold=0.10).changes["verdict"].tolist() == [noise.AMBIGUOUS]
+    # a cross-GPU threshold at or below the plain one leaves the plain rule
+    _two_gpu_store(tmp_path / "small.sqlite", 1.025, UUID_A, UUID_B)
+    small = compare(open_store(tmp_path / "small.sqlite"), "BASE", "HEAD", min_change=0.02, gpu_threshold=0.01)
+    assert small.changes["verdict"].tolist() == [noise.SLOWER]
+    # a plain threshold above the cross-GPU one governs both
+    assert compare(open_store(db), "BASE", "HEAD", min_change=0.08).changes["verdict"].tolist() == [noise.SAME]
+
+
+def test_compare_cli_states_the_cross_gpu_rule(tmp_path):
+    db = tmp_path / "gpus.sqlite"
+    _two_gpu_store(db, 1.025, UUID_A, UUID_B)
+    runner = CliRunner()
+    res = runner.invoke(app, ["compare", "BASE", "HEAD", "--db", str(db), "--fail-on-regression", "2%"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "1 series compared" in out and "1 ambiguous" in out
+    assert "1 of them compared records from different GPUs (GPU-f20d61eb vs GPU-e1f4468f)" in out
+    assert "called only beyond 5.0%" in out
+    lower = runner.invoke(app, ["compare", "BASE", "HEAD", "--db", str(db), "--fail-on-regression", "2%",
+                                "--cross-gpu-threshold", "2%"])
+    assert lower.exit_code == 1 and "fails gate" in lower.output
+    same = tmp_path / "same.sqlite"
+    _two_gpu_store(same, 1.025, UUID_A, UUID_A)
+    one = runner.invoke(app, ["compare", "BASE", "HEAD", "--db", str(same)])
+    assert one.exit_code == 0 and "different GPUs" not in one.output and "1 slower" in one.output
+
+
+def test_rule_across_gpus():
+    base = Sample(100.0, spread=0.004, sm_clock_mhz=1980, gpu_uuid=UUID_A)
+    other = dict(spread=0.004, gpu_uuid=UUID_B)
+    j = judge(base, Sample(103.0, sm_clock_mhz=1980, **other), 0.02)
+    assert j.verdict == noise.AMBIGUOUS and j.reason == "different GPUs: GPU-f20d61eb vs GPU-e1f4468f"
+    assert classify(base, Sample(107.0, sm_clock_mhz=1980, **other), 0.02) == noise.SLOWER
+    # both doubts are named
+    j = judge(base, Sample(103.0, sm_clock_mhz=1755, **other), 0.02)
+    assert j.verdict == noise.AMBIGUOUS and "different GPUs" in j.reason and "1980 vs 1755 MHz" in j.reason
+    # beyond the cross-GPU threshold the clocks still decide
+    assert judge(base, Sample(110.0, sm_clock_mhz=1755, **other), 0.02).reason == "SM clocks differ: 1980 vs 1755 MHz"
+    # uuids alike in their first group are shown whole; empty / NaN uuids are unknown
+    assert noise.short_uuids("GPU-fixture-0", "GPU-fixture-1") == ("GPU-fixture-0", "GPU-fixture-1")
+    for unknown in (None, "", float("nan")):
+        assert classify(Sample(100.0, spread=0.004, gpu_uuid=unknown), Sample(103.0, **other), 0.02) == noise.SLOWER
