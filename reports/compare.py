@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pandas as pd
 from rich.console import Console
@@ -39,29 +39,12 @@ class Comparison:
         return self.changes[self.changes["gate"]]
 
 
-def _with_gpus(changes: pd.DataFrame, base: pd.DataFrame, head: pd.DataFrame) -> pd.DataFrame:
-    """changes plus gpu_uuid_base / gpu_uuid_head: the physical GPU of the record each side
-    was judged on (series.pair keeps the newest record per series; so does this)."""
-    for suffix, recs in (("_base", base), ("_head", head)):
-        latest = series.latest_records(recs)
-        uuids = latest["gpu_uuid"] if "gpu_uuid" in latest else pd.Series(None, index=latest.index, dtype=object)
-        side = latest[series.SERIES_KEYS].assign(**{"gpu_uuid" + suffix: uuids.astype(object)})
-        changes = changes.merge(side, on=series.SERIES_KEYS, how="left")
-    return changes
-
-
 def _different(changes: pd.DataFrame) -> pd.Series:
     if "gpu_uuid_base" not in changes:
         return pd.Series(False, index=changes.index)
     return pd.Series([bool(noise.different_gpus(noise.Sample(1.0, gpu_uuid=a), noise.Sample(1.0, gpu_uuid=b)))
                       for a, b in zip(changes["gpu_uuid_base"], changes["gpu_uuid_head"])],
                      index=changes.index, dtype=bool)
-
-
-def _sample(row, suffix: str) -> noise.Sample:
-    """series.sample plus the side's physical GPU, so that noise.judge sees a change across GPUs."""
-    uuid = row.get("gpu_uuid" + suffix)
-    return replace(series.sample(row, suffix), gpu_uuid=None if uuid is None or pd.isna(uuid) else str(uuid))
 
 
 def compare(results: Results, base: str, head: str, min_change: float = 0.02,
@@ -81,9 +64,7 @@ def compare(results: Results, base: str, head: str, min_change: float = 0.02,
     base_runs, head_runs = resolve(results, base), resolve(results, head)
     recs = results.records
     base_recs, head_recs = recs[recs["run_id"].isin(base_runs)], recs[recs["run_id"].isin(head_runs)]
-    changes = _with_gpus(series.pair(base_recs, head_recs, min_change), base_recs, head_recs)
-    for i in changes.index[_different(changes)]:
-        _rejudge(changes, i, min_change, gpu_threshold)
+    changes = series.pair(base_recs, head_recs, min_change, gpu_threshold)
     gate = []
     for _, row in changes.iterrows():
         if fail_threshold is None:
@@ -91,27 +72,13 @@ def compare(results: Results, base: str, head: str, min_change: float = 0.02,
         elif str(row["verdict"]).startswith(STATUS_LOSS):
             gate.append(True)
         elif row["change"] is not None and pd.notna(row["change"]):
-            j = noise.judge(_sample(row, "_base"), _sample(row, "_head"), fail_threshold, gpu_threshold=gpu_threshold)
+            j = noise.judge(series.sample(row, "_base"), series.sample(row, "_head"), fail_threshold,
+                            gpu_threshold=gpu_threshold)
             gate.append(j.verdict == noise.SLOWER)
         else:
             gate.append(False)
     changes["gate"] = gate
     return Comparison(changes, base_runs, head_runs, min_change, fail_threshold, gpu_threshold)
-
-
-def _rejudge(changes: pd.DataFrame, i, min_change: float, gpu_threshold: float) -> None:
-    """Judge row i again knowing that its two sides ran on different GPUs (series.pair does
-    not see gpu_uuid); status changes keep their verdict, the timing note follows."""
-    row = changes.loc[i]
-    verdict = str(row["verdict"])
-    timing = verdict in (noise.SAME, noise.FASTER, noise.SLOWER, noise.AMBIGUOUS)
-    if not (timing or verdict.startswith(STATUS_LOSS)) or row["change"] is None or pd.isna(row["change"]):
-        return
-    j = noise.judge(_sample(row, "_base"), _sample(row, "_head"), min_change, gpu_threshold=gpu_threshold)
-    if timing:
-        changes.loc[i, "verdict"], changes.loc[i, "why"] = j.verdict, j.reason
-    else:
-        changes.loc[i, "why"] = f"timed: {j.verdict}"
 
 
 def _us(median, noise_rel) -> str:

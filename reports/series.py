@@ -71,23 +71,28 @@ def per_point(records: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 TIMING_COLS = ["status", "median_us", "p10_us", "p90_us", "n_samples", "spread",
-               "sm_clock_mhz_before", "sm_clock_mhz_after"]
+               "sm_clock_mhz_before", "sm_clock_mhz_after", "gpu_uuid"]
 
 
 def sample(row, suffix: str = "") -> noise.Sample:
-    """One side of a pair as a noise.Sample; the clock is the one read under load."""
+    """One side of a pair as a noise.Sample; the clock is the one read under load, the GPU
+    the record's physical one (noise.judge is stricter across two)."""
     clock = row.get("sm_clock_mhz_after" + suffix)
     if clock is None or pd.isna(clock):
         clock = row.get("sm_clock_mhz_before" + suffix)
+    uuid = row.get("gpu_uuid" + suffix)
     return noise.Sample(row["median_us" + suffix], row.get("p10_us" + suffix), row.get("p90_us" + suffix),
-                        row.get("n_samples" + suffix), row.get("spread" + suffix), clock)
+                        row.get("n_samples" + suffix), row.get("spread" + suffix), clock,
+                        None if uuid is None or pd.isna(uuid) else str(uuid))
 
 
-def pair(base: pd.DataFrame, head: pd.DataFrame, min_change: float) -> pd.DataFrame:
+def pair(base: pd.DataFrame, head: pd.DataFrame, min_change: float,
+         gpu_threshold: float = noise.CROSS_GPU_THRESHOLD) -> pd.DataFrame:
     """Every series in BASE or HEAD, with both medians, bands, the relative change of the
     median time, the noise of that change and a verdict: slower / faster / same /
-    ambiguous (reports.noise), or a status change ('now <status>' when HEAD stopped
-    passing, 'fixed', 'new', 'gone')."""
+    ambiguous (reports.noise; across two physical GPUs a change is called only beyond
+    gpu_threshold), or a status change ('now <status>' when HEAD stopped passing, 'fixed',
+    'new', 'gone')."""
     cols = [*SERIES_KEYS, *TIMING_COLS]
     lb, lh = latest_records(base), latest_records(head)
     for frame in (lb, lh):
@@ -95,7 +100,7 @@ def pair(base: pd.DataFrame, head: pd.DataFrame, min_change: float) -> pd.DataFr
             if col not in frame:
                 frame[col] = float("nan")
     merged = lb[cols].merge(lh[cols], on=SERIES_KEYS, how="outer", suffixes=("_base", "_head"))
-    rows = [_verdict(row, min_change) for _, row in merged.iterrows()]
+    rows = [_verdict(row, min_change, gpu_threshold) for _, row in merged.iterrows()]
     merged["change"] = [r[1] for r in rows]
     merged["noise"] = [r[2] for r in rows]
     merged["verdict"] = [r[0] for r in rows]
@@ -103,7 +108,7 @@ def pair(base: pd.DataFrame, head: pd.DataFrame, min_change: float) -> pd.DataFr
     return merged
 
 
-def _verdict(row, min_change: float) -> tuple[str, float | None, float | None, str]:
+def _verdict(row, min_change: float, gpu_threshold: float) -> tuple[str, float | None, float | None, str]:
     """A status change, or the timing judgement when both sides carry a time (passed, or
     `inaccurate`: a third-party baseline timed although its check failed)."""
     sb, sh = row["status_base"], row["status_head"]
@@ -112,7 +117,7 @@ def _verdict(row, min_change: float) -> tuple[str, float | None, float | None, s
     if pd.isna(sh):
         return "gone", None, None, ""
     timed = sb in TIMED_STATUSES and sh in TIMED_STATUSES and row["median_us_base"] > 0 and row["median_us_head"] > 0
-    j = noise.judge(sample(row, "_base"), sample(row, "_head"), min_change) if timed else None
+    j = noise.judge(sample(row, "_base"), sample(row, "_head"), min_change, gpu_threshold=gpu_threshold) if timed else None
     if sb == "passed" and sh != "passed":
         return (f"now {sh}", j.change, j.noise, f"timed: {j.verdict}") if j else (f"now {sh}", None, None, "")
     if sb != "passed" and sh == "passed":

@@ -300,3 +300,15 @@ def test_rule_across_gpus():
     assert noise.short_uuids("GPU-fixture-0", "GPU-fixture-1") == ("GPU-fixture-0", "GPU-fixture-1")
     for unknown in (None, "", float("nan")):
         assert classify(Sample(100.0, spread=0.004, gpu_uuid=unknown), Sample(103.0, **other), 0.02) == noise.SLOWER
+
+
+def test_dashboard_pairs_apply_the_cross_gpu_rule(tmp_path):
+    # the dashboard judges commit to commit with series.pair, the same verdicts as compare
+    from reports import series
+
+    db = tmp_path / "gpus.sqlite"
+    _two_gpu_store(db, 1.025, UUID_A, UUID_B)
+    recs = open_store(db).records
+    pairs = series.pair(recs[recs["run_id"] == "BASE"], recs[recs["run_id"] == "HEAD"], 0.02)
+    assert pairs["verdict"].tolist() == [noise.AMBIGUOUS]
+    assert pairs["why"].tolist() == ["different GPUs: GPU-f20d61eb vs GPU-e1f4468f"]
