@@ -95,10 +95,12 @@ def load(defines: Sequence[str] = ()) -> ctypes.CDLL:
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
            out: torch.Tensor | None = None, variant: str = "fold", num_splits: int | None = None,
            num_sms: int = DEFAULT_NUM_SMS, defines: Sequence[str] = (),
-           kv_heads_per_item: int | None = None) -> torch.Tensor:
+           kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None) -> torch.Tensor:
     """foscar.decode's kernels on the CPU: q and the cache are CPU tensors; same result layout.
 
-    `num_sms` sets the GPU the split plan is made for; `defines` builds with kernel knobs.
+    `num_sms` sets the GPU the split plan is made for; `defines` builds with kernel knobs;
+    `timeline` (a CPU tensor, with -DFOSCAR_TIMELINE=1) as in foscar.kernels.decode, in host
+    nanoseconds.
     """
     kernels._check_inputs(q, cache, out, variant, on_gpu=False)
     lib = load(defines)
@@ -114,7 +116,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
                                num_sms=num_sms, ctas_per_sm=lib.foscar_emu_ctas_per_sm,
                                max_kv_heads_per_item=lib.foscar_emu_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                                kv_heads_per_item=kv_heads_per_item,
-                               workspace=workspace)
+                               workspace=workspace, timeline=timeline)
     if lib.foscar_emu_decode(ctypes.byref(args)) != 0:
         raise RuntimeError(f"foscar.emu.decode: {lib.foscar_emu_last_error().decode()}")
     if keep and keep[-1].any():

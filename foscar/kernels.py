@@ -34,6 +34,10 @@ MAX_ITEM_CHUNKS = {2: 2048, 4: 2048}
 ITEM_OVERHEAD_CHUNKS = 4.0
 MERGE_CHUNKS = 1.0
 VARIANTS = ("fold", "dequant")
+# Lab knob FOSCAR_TIMELINE (foscar_decode.cuh, TimelinePhase): per CTA and each of its first
+# TIMELINE_ITEMS items, one %globaltimer stamp (ns) per phase, in this order; 0 where not reached.
+TIMELINE_ITEMS = 4
+TIMELINE_PHASES = ("entry", "item", "first_copy", "first_s", "last_trip", "written", "merged")
 
 
 class _Args(ctypes.Structure):
@@ -52,6 +56,7 @@ class _Args(ctypes.Structure):
         ("num_splits", ctypes.c_int32), ("units_per_split", ctypes.c_int32),
         ("num_ctas", ctypes.c_int32), ("kv_heads_per_item", ctypes.c_int32),
         ("sm_scale", ctypes.c_float), ("device", ctypes.c_int32),
+        ("timeline", ctypes.c_void_p),
     ]
 
 
@@ -244,7 +249,7 @@ def launch_plan(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int = CTAS_P
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
            out: torch.Tensor | None = None, variant: str = "fold",
            num_splits: int | None = None, library: ctypes.CDLL | None = None,
-           kv_heads_per_item: int | None = None) -> torch.Tensor:
+           kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step of attention for q [batch, num_q_heads, head_dim] (BF16) over `cache`.
 
     Returns BF16 [batch, num_q_heads, head_dim]. `variant="dequant"` runs the ablation that
@@ -252,6 +257,9 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     overrides the split-KV plan (for experiments); `library` runs a build from
     load_library(defines=...) instead of the default one (kernel experiments);
     `kv_heads_per_item` (1 or 2) overrides the planner's pairing of KV heads (tests).
+    `timeline`, with a library built with -DFOSCAR_TIMELINE=1 only, receives the launch's
+    per-CTA phase stamps: zeroed int64 on q's device, TIMELINE_ITEMS x len(TIMELINE_PHASES) per
+    CTA of decode_plan(...).num_ctas (scripts/kernel_lab.py --timeline).
     """
     _check_inputs(q, cache, out, variant)
     lib = library or load_library()
@@ -262,7 +270,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
                        num_sms=num_sms, ctas_per_sm=lib.foscar_ctas_per_sm,
                        max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                        kv_heads_per_item=kv_heads_per_item,
-                       workspace=lambda *sizes: _workspace(q.device, *sizes), device=device)
+                       workspace=lambda *sizes: _workspace(q.device, *sizes), device=device, timeline=timeline)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     if lib.foscar_decode(ctypes.byref(args), ctypes.c_void_p(stream)) != 0:
         _workspaces.pop(q.device, None)  # a failed launch may leave counters behind: start afresh
@@ -270,26 +278,32 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     return out
 
 
-def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, sm_scale: float | None,
-                variant: str, num_splits: int | None, num_sms: int, ctas_per_sm: int | Callable[..., int],
-                workspace, device: int = 0, max_kv_heads_per_item: int = 1,
-                kv_heads_per_item: int | None = None) -> _Args:
-    """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
+def decode_plan(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str = "fold", num_splits: int | None = None,
+                library: ctypes.CDLL | None = None, kv_heads_per_item: int | None = None) -> LaunchPlan:
+    """The plan decode() launches with the same arguments (its num_ctas sizes a timeline)."""
+    lib = library or load_library()
+    return resolve_plan(cache, q.shape[1], variant=variant, num_splits=num_splits,
+                        num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count,
+                        ctas_per_sm=lib.foscar_ctas_per_sm,
+                        max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
+                        kv_heads_per_item=kv_heads_per_item)[1]
 
-    `ctas_per_sm` is a count, or the library's foscar_ctas_per_sm, asked for the kernel instance
-    this launch runs (instances of one build may hold different numbers of CTAs per SM).
 
-    `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the zeroed
-    arrival counters; the struct holds raw pointers, so the caller keeps every tensor alive
-    until the launch has run.
-    """
+def timeline_entries(num_ctas: int) -> int:
+    """Stamps of a timeline for a launch of `num_ctas` CTAs (lab knob FOSCAR_TIMELINE)."""
+    return num_ctas * TIMELINE_ITEMS * len(TIMELINE_PHASES)
+
+
+def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num_splits: int | None, num_sms: int,
+                 ctas_per_sm: int | Callable[..., int], max_kv_heads_per_item: int = 1,
+                 kv_heads_per_item: int | None = None) -> tuple[int, LaunchPlan]:
+    """The KV heads per item and the plan of one launch: the planner's, or its chunks over a
+    forced `num_splits`. `ctas_per_sm` as in launch_args."""
     cfg = cache.config
     instance = (cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
                 int(variant == "dequant"))  # the kernel instance, as the C API names it
-    batch, num_q_heads, head_dim = q.shape
-    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
     if kv_heads_per_item is None:
-        kv_heads_per_item = planned_kv_heads_per_item(batch, cache.num_kv_heads, max_kv_heads_per_item)
+        kv_heads_per_item = planned_kv_heads_per_item(cache.batch, cache.num_kv_heads, max_kv_heads_per_item)
     elif kv_heads_per_item not in (1, max_kv_heads_per_item):
         raise ValueError(f"kv_heads_per_item={kv_heads_per_item!r} is not possible for {num_q_heads} query heads "
                          f"over {cache.num_kv_heads} KV heads with this build; pass 1, "
@@ -301,21 +315,53 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
                              f"{cfg.group_size}, K {cfg.k_mode}-wise, V {cfg.v_mode}-wise with {kv_heads_per_item} "
                              f"KV head(s) per item; check foscar.kernels.unsupported_reason first.")
     plan = _plan_cached(cache, num_sms, ctas_per_sm, kv_heads_per_item)
+    if num_splits is None:
+        return kv_heads_per_item, plan
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_FORCED_SPLITS:
+        raise ValueError(f"num_splits={num_splits!r} is not a split count; pass an int from 1 to "
+                         f"{MAX_FORCED_SPLITS} (what the split merge holds), or None for the automatic plan.")
+    max_chunks = plan.num_splits * plan.chunks_per_split
+    per_split = math.ceil(max_chunks / num_splits)
+    splits = math.ceil(max_chunks / per_split)
+    longest = MAX_ITEM_CHUNKS[cfg.bits]
+    if per_split > max(longest, plan.chunks_per_split):
+        raise ValueError(
+            f"num_splits={num_splits} leaves {per_split} chunks ({per_split * CHUNK_TOKENS} tokens) in a split; "
+            f"the {cfg.bits}-bit kernels hold the gate's accuracy up to {longest} chunks a split: pass at "
+            f"least {math.ceil(max_chunks / longest)}, or None for the automatic plan.")
+    ctas = min(cache.batch * (cache.num_kv_heads // kv_heads_per_item) * splits, num_sms * ctas_per_sm)
+    return kv_heads_per_item, LaunchPlan(splits, per_split, ctas)
+
+
+def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, sm_scale: float | None,
+                variant: str, num_splits: int | None, num_sms: int, ctas_per_sm: int | Callable[..., int],
+                workspace, device: int = 0, max_kv_heads_per_item: int = 1,
+                kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None) -> _Args:
+    """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
+
+    `ctas_per_sm` is a count, or the library's foscar_ctas_per_sm, asked for the kernel instance
+    this launch runs (instances of one build may hold different numbers of CTAs per SM).
+
+    `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the zeroed
+    arrival counters; the struct holds raw pointers, so the caller keeps every tensor alive
+    until the launch has run. `timeline`: see decode().
+    """
+    cfg = cache.config
+    batch, num_q_heads, head_dim = q.shape
+    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    kv_heads_per_item, plan = resolve_plan(cache, num_q_heads, variant=variant, num_splits=num_splits,
+                                           num_sms=num_sms, ctas_per_sm=ctas_per_sm,
+                                           max_kv_heads_per_item=max_kv_heads_per_item,
+                                           kv_heads_per_item=kv_heads_per_item)
     splits, per_split, ctas = plan.num_splits, plan.chunks_per_split, plan.num_ctas
-    if num_splits is not None:
-        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_FORCED_SPLITS:
-            raise ValueError(f"num_splits={num_splits!r} is not a split count; pass an int from 1 to "
-                             f"{MAX_FORCED_SPLITS} (what the split merge holds), or None for the automatic plan.")
-        max_chunks = splits * per_split
-        per_split = math.ceil(max_chunks / num_splits)
-        splits = math.ceil(max_chunks / per_split)
-        longest = MAX_ITEM_CHUNKS[cfg.bits]
-        if per_split > max(longest, plan.chunks_per_split):
-            raise ValueError(
-                f"num_splits={num_splits} leaves {per_split} chunks ({per_split * CHUNK_TOKENS} tokens) in a split; "
-                f"the {cfg.bits}-bit kernels hold the gate's accuracy up to {longest} chunks a split: pass at "
-                f"least {math.ceil(max_chunks / longest)}, or None for the automatic plan.")
-        ctas = min(batch * (cache.num_kv_heads // kv_heads_per_item) * splits, num_sms * ctas_per_sm)
+    if timeline is not None and not (isinstance(timeline, torch.Tensor) and timeline.dtype == torch.int64
+                                     and timeline.device == q.device and timeline.is_contiguous()
+                                     and timeline.numel() == timeline_entries(ctas)):
+        got = (f"{timeline.numel()} elements of {timeline.dtype} on {timeline.device}"
+               if isinstance(timeline, torch.Tensor) else type(timeline).__name__)
+        raise ValueError(f"timeline has {got}; expected a contiguous torch.int64 tensor of {timeline_entries(ctas)} "
+                         f"elements ({ctas} CTAs x {TIMELINE_ITEMS} items x {len(TIMELINE_PHASES)} phases) on "
+                         f"{q.device}.")
     ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
                                       batch * cache.num_kv_heads)
     return _Args(
@@ -324,8 +370,10 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         cache.seq_lens.data_ptr(), cache.k_tail.data_ptr(), cache.v_tail.data_ptr(),
         ws_o.data_ptr(), ws_ml.data_ptr(), ws_count.data_ptr(),
         batch, num_q_heads, cache.num_kv_heads, head_dim,
-        *instance, cfg.page_size, cache.page_table.shape[1],
+        cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
+        int(variant == "dequant"), cfg.page_size, cache.page_table.shape[1],
         splits, per_split, ctas, kv_heads_per_item, scale, device,
+        None if timeline is None else timeline.data_ptr(),
     )
 
 

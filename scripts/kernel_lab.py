@@ -20,12 +20,20 @@ the launch plan's.
 
 `--profile NAME` runs one launch of that variant per config, after the same check, inside
 the NVTX range `lab_<config>` for `ncu --nvtx --nvtx-include 'lab_4ct/'`, and skips timing.
+
+`--timeline NAME` builds that variant with FOSCAR_TIMELINE=1 and, per config after the same
+check, runs one warm-up and one launch recording each CTA's phases (%globaltimer,
+foscar_decode.cuh): a row per (CTA, item) of phase offsets in us from the earliest CTA entry,
+and per phase the median and max over CTAs, with the merging CTAs' merge times (merged -
+written). tick_ns is the smallest step between two stamps: the clock's resolution at best.
+Untimed; the table goes to --json, or is printed.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -105,6 +113,89 @@ def profile(case, backend, ctx, spec: str) -> None:
     print(f"profiled {spec} {backend.name}", flush=True)
 
 
+TIMELINE_KNOB = "-DFOSCAR_TIMELINE=1"
+
+
+def timeline_table(stamps: list) -> dict:
+    """The per-CTA table and summary of one launch's stamps ([cta][k][phase], ns, 0 not
+    reached): offsets in us from the earliest CTA entry."""
+    from foscar.kernels import TIMELINE_PHASES
+
+    entry, written, merged = (TIMELINE_PHASES.index(n) for n in ("entry", "written", "merged"))
+    t0 = min(items[0][entry] for items in stamps if items[0][entry])
+    grid = sum(1 for items in stamps if items[0][entry])  # the CTAs launched (the first ones)
+
+    def us(t):
+        return round((t - t0) / 1000, 3) if t else None
+
+    rows, per_phase, merges = [], [[] for _ in TIMELINE_PHASES], []
+    for cta, items in enumerate(stamps):
+        for k, row in enumerate(items):
+            if not any(row):
+                continue
+            rows.append([cta, k, cta + k * grid, *map(us, row)])
+            for phase, t in enumerate(row):
+                if t:
+                    per_phase[phase].append(us(t))
+            if row[merged]:
+                merges.append([cta, round((row[merged] - row[written]) / 1000, 3)])
+    ticks = sorted({t for items in stamps for row in items for t in row if t})
+    summary = {name: {"n": len(v), "median_us": round(statistics.median(v), 3), "max_us": max(v)}
+               for name, v in zip(TIMELINE_PHASES, per_phase) if v}
+    merge_us = [m[1] for m in merges]
+    return {"grid": grid, "tick_ns": min((b - a for a, b in zip(ticks, ticks[1:])), default=None),
+            "columns": ["cta", "k", "item", *(f"{n}_us" for n in TIMELINE_PHASES)], "ctas": rows,
+            "summary": summary,
+            "merges": {"n": len(merges), "median_us": round(statistics.median(merge_us), 3) if merges else None,
+                       "max_us": max(merge_us, default=None), "each": merges}}
+
+
+def timeline(case, backend, ctx, spec: str) -> dict | None:
+    """The harness's check, then a warm-up and one launch recording the timeline."""
+    import torch
+
+    from foscar import kernels
+    from foscar.cache import QuantizedKVCache
+    from suite.runner import check, source_for
+
+    source = source_for(ctx, case)
+    prepared = backend.prepare(case, source)
+    _, wrong = check(case, backend, prepared, source, ctx)
+    if wrong:
+        print(f"{spec} {backend.name}: WRONG, {wrong} no timeline", flush=True)
+        return None
+    cache = prepared.keepalive[0]  # the backend's own cache (baselines/foscar.py)
+    if not isinstance(cache, QuantizedKVCache):
+        raise SystemExit(f"{backend.name}: its prepared step keeps no foscar cache first; see baselines/foscar.py")
+    launch = dict(variant=backend.variant, num_splits=backend.num_splits, library=backend.library,
+                  kv_heads_per_item=backend.kv_heads_per_item)
+    plan = kernels.decode_plan(source.q, cache, **launch)
+    stamps = torch.zeros(kernels.timeline_entries(plan.num_ctas), dtype=torch.int64, device=source.q.device)
+    for _ in range(2):  # a warm-up, then the launch kept
+        stamps.zero_()
+        kernels.decode(source.q, cache, sm_scale=source.sm_scale, out=prepared.out, timeline=stamps, **launch)
+        torch.cuda.synchronize()
+    shape = (plan.num_ctas, kernels.TIMELINE_ITEMS, len(kernels.TIMELINE_PHASES))
+    table = timeline_table(stamps.view(shape).tolist())
+    return {"config": spec, "variant": backend.name, "num_splits": plan.num_splits,
+            "chunks_per_split": plan.chunks_per_split, "num_ctas": plan.num_ctas, **table}
+
+
+def print_timeline(t: dict, rows: bool) -> None:
+    print(f"\n{t['config']} {t['variant']}: {t['grid']} CTAs, {t['num_splits']} splits of {t['chunks_per_split']} "
+          f"chunks, tick {t['tick_ns']} ns")
+    if rows:
+        print("".join(f"{c:>11}" for c in t["columns"]))
+        for r in t["ctas"]:
+            print("".join(f"{'-' if v is None else v:>11}" for v in r))
+    print(f"{'phase':<12}{'n':>6}{'median us':>11}{'max us':>9}")
+    for name, v in t["summary"].items():
+        print(f"{name:<12}{v['n']:>6}{v['median_us']:>11.3f}{v['max_us']:>9.3f}")
+    m = t["merges"]
+    if m["n"]:
+        print(f"merges: {m['n']}, median {m['median_us']:.3f} us, max {m['max_us']:.3f} us; (cta, us) {m['each']}")
+
+
 def lab_row(spec: str, name: str, round_: int, record) -> dict:
     flat = record.flat()
     flat.pop("traceback", None)
@@ -156,13 +247,21 @@ def main() -> int:
                          "--splits may force longer ones, to measure what the limit guards")
     ap.add_argument("--rounds", type=int, default=1, help="times the variants take turns (each a full measurement)")
     ap.add_argument("--profile", default=None, help="variant to run once per config for ncu")
+    ap.add_argument("--timeline", default=None,
+                    help="variant to build with FOSCAR_TIMELINE=1 and run once per config, recording each CTA's phases")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     variants = [parse_variant(v) for v in (args.variant or ["base="])]
+    if args.profile and args.timeline:
+        raise SystemExit("--profile and --timeline each run one variant their own way: pass one")
     if args.profile:
         variants = [v for v in variants if v[0] == args.profile]
         if not variants:
             raise SystemExit(f"--profile {args.profile!r} names no --variant")
+    if args.timeline:
+        variants = [(n, d if TIMELINE_KNOB in d else (*d, TIMELINE_KNOB)) for n, d in variants if n == args.timeline]
+        if not variants:
+            raise SystemExit(f"--timeline {args.timeline!r} names no --variant")
     specs = args.configs.split(",")
     try:
         splits = [None] if not args.splits else [int(n) for n in args.splits.split(",")]
@@ -182,7 +281,7 @@ def main() -> int:
         kernels.MAX_ITEM_CHUNKS = {bits: args.max_item_chunks for bits in kernels.MAX_ITEM_CHUNKS}
     libs = build_variants(variants)
     ctx = make_context("0", {"read_ceiling": False})
-    rows = []
+    rows, timelines = [], []
     for spec in specs:
         case = cases[spec]
         kernel_variant = parse_config(spec)[3]
@@ -194,6 +293,12 @@ def main() -> int:
             for backend in backends:
                 profile(case, backend, ctx, spec)
             continue
+        if args.timeline:
+            for backend in backends:
+                if (t := timeline(case, backend, ctx, spec)) is not None:
+                    timelines.append(t)
+                    print_timeline(t, rows=not args.json)
+            continue
         for round_ in range(args.rounds):
             for backend in backends:
                 record, fatal = measure(case, backend, ctx)
@@ -203,9 +308,12 @@ def main() -> int:
                     print(f"{spec} {backend.name}: {record.status.upper()}: {record.reason}", flush=True)
                 if fatal:
                     raise SystemExit(f"{spec} {backend.name} left the CUDA context unusable; stopping.")
-    if not args.profile:
+    if not (args.profile or args.timeline):
         print_table(rows)
-    if args.json:
+    if args.json and args.timeline:
+        with open(args.json, "w") as f:  # unindented: a launch has hundreds of CTA rows
+            json.dump({"variants": {n: list(d) for n, d in variants}, "timelines": timelines}, f)
+    elif args.json:
         peak = ctx.gpu_env.get("datasheet_peak_tbps")
         with open(args.json, "w") as f:
             json.dump({"variants": {n: list(d) for n, d in variants}, "rows": rows, "peak_tbps": peak}, f,

@@ -490,6 +490,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
   }
   if (p.num_splits == 1) {
     named_barrier(kConsumerBarrier, kConsumerThreads);  // s.red and s.merge are read out before the next item
+    if (L.tid == 0) timeline_stamp<T>(p, w, kTlWritten);
     return;
   }
   merge_splits<T>(p, s, L, w);
@@ -503,6 +504,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
   RingCursor<T> ring;  // the current trip's stages
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
+    if (L.tid == 0) timeline_stamp(p, item, kTlItem);
     KSide ks;
     VSide vs;
     WarpSoftmax sm;
@@ -512,6 +514,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
     if (w.chunk_end > w.chunk_begin) {
       ss.first();
+      if (L.tid == 0) timeline_stamp(p, item, kTlFirstS);
       ss.release();
       ring.next_trip();
     }
@@ -581,6 +584,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
         trip(c, c > w.chunk_begin && ((c - w.chunk_begin) & (kVFlushTrips - 1)) == 0);
     }
 
+    if (L.tid == 0) timeline_stamp(p, item, kTlLastTrip);
     if constexpr (T::kHasTail) {
       if (w.split == 0 && w.tail_len > 0) consume_tail<T>(p, s, L, w, sm, vs);
     }

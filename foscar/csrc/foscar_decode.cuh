@@ -51,6 +51,27 @@ __host__ __device__ inline int max_kv_heads_per_item(int ratio, int num_kv_heads
   return FOSCAR_PAIR_HEADS && (ratio == 2 || ratio == 4) && num_kv_heads % 2 == 0 ? 2 : 1;
 }
 
+// Lab knob FOSCAR_TIMELINE=1 (scripts/kernel_lab.py --timeline): one thread stamps %globaltimer
+// at the phases of each CTA's first kTimelineItems items into p.timeline (int64, zeroed by the
+// caller), so that one launch shows where its time goes, CTA by CTA. Stamp index
+// (cta * kTimelineItems + k) * kTimelinePhases + phase, k counting the CTA's items (its item
+// blockIdx.x + k gridDim.x); 0 where the phase was not reached. Off (the default), the parameter
+// and every stamp are compiled out. foscar/kernels.py mirrors the layout (TIMELINE_*).
+#ifndef FOSCAR_TIMELINE
+#define FOSCAR_TIMELINE 0
+#endif
+enum TimelinePhase : int {
+  kTlEntry,      // the CTA's barriers initialised, before its first __syncthreads (k = 0 only)
+  kTlItem,       // the consumers start the item (before reading its query)
+  kTlFirstCopy,  // the producer lane, the item's first stage free, issues its first bulk copy
+  kTlFirstS,     // the consumers passed the first stage's full barrier and hold the first S (SStream::first)
+  kTlLastTrip,   // the consumers ended the last trip (before the BF16 tail and the item's finish)
+  kTlWritten,    // the split's partials written, before the merge counter's atomic (the output, with one split)
+  kTlMerged,     // the merge of every split written (the CTA whose split arrived last only)
+  kTimelinePhases
+};
+constexpr int kTimelineItems = 4;
+
 struct DecodeParams {
   const __nv_bfloat16* q;       // [batch, num_q_heads, D]
   __nv_bfloat16* o;             // [batch, num_q_heads, D]
@@ -75,6 +96,9 @@ struct DecodeParams {
   long long code_page_bytes, param_page_bytes;
   int num_splits, chunks_per_split, num_items;
   float sm_scale_log2;          // softmax scale times log2(e)
+#if FOSCAR_TIMELINE
+  uint64_t* timeline;           // [ctas, kTimelineItems, kTimelinePhases] or null
+#endif
 };
 
 inline DecodeParams make_params(const FoscarDecodeArgs& a) {
@@ -109,6 +133,9 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.chunks_per_split = a.units_per_split;
   p.num_items = a.batch * (a.num_kv_heads / p.heads_per_item) * a.num_splits;
   p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
+#if FOSCAR_TIMELINE
+  p.timeline = a.timeline;
+#endif
   return p;
 }
 
@@ -255,6 +282,22 @@ struct WorkItem {
   int packed_len, tail_len;
 };
 
+// Phase `phase` of this CTA's item `item` on the timeline (FOSCAR_TIMELINE; nothing without it).
+__device__ __forceinline__ void timeline_stamp(const DecodeParams& p, int item, int phase) {
+#if FOSCAR_TIMELINE
+  const int k = (item - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x);
+  if (p.timeline != nullptr && k < kTimelineItems)
+    p.timeline[((size_t)blockIdx.x * kTimelineItems + k) * kTimelinePhases + phase] = globaltimer_ns();
+#else
+  (void)p, (void)item, (void)phase;
+#endif
+}
+// The same for a work item (work_item's inverse).
+template <class T>
+__device__ __forceinline__ void timeline_stamp(const DecodeParams& p, const WorkItem& w, int phase) {
+  timeline_stamp(p, (w.b * (p.num_kv_heads / T::HP) + w.h / T::HP) * p.num_splits + w.split, phase);
+}
+
 template <class T>
 __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
   WorkItem w;
@@ -359,6 +402,7 @@ __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
 #pragma unroll
       for (int hp = 0; hp < T::HP; ++hp, ring.advance(1)) {
         mbar_wait(&s.empty[ring.slot], ring.phase ^ 1u);  // the consumers freed its last use
+        if (hp == 0 && j < w.chunk_begin) timeline_stamp(p, item, kTlFirstCopy);
         fill_stage<T>(p, s, ring.slot, w.b, w.h + hp, w.chunk_begin, w.chunk_end, j);
       }
   }
@@ -864,6 +908,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   __threadfence();
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) {
+    timeline_stamp<T>(p, w, kTlWritten);
     int* count = p.ws_count + (size_t)w.b * p.num_kv_heads + w.h;
     const int done = atomicAdd(count, 1);
     s.last_split = done == p.num_splits - 1;
@@ -913,6 +958,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   for (int hd = 0; hd < kN; ++hd)
     if (hd < p.cols) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
   named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
 }
 
 }  // namespace foscar
@@ -935,6 +981,7 @@ __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>:
       mbar_init(&s.empty[i], 4);  // one arrive per consumer warp
     }
     mbar_init_fence();
+    timeline_stamp(p, blockIdx.x, kTlEntry);  // before the barrier: the CTA's other stamps follow it
   }
   __syncthreads();
   if (threadIdx.x < 128) {  // producer warpgroup: one lane streams, the rest leave

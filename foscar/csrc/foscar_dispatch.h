@@ -58,6 +58,10 @@ inline int check_args(const FoscarDecodeArgs& a) {
     last_error() = "bits " + std::to_string(a.bits) + " is not built; expected 2 or 4";
     return 2;
   }
+  if (a.timeline != nullptr && !FOSCAR_TIMELINE) {
+    last_error() = "this build records no timeline; build it with -DFOSCAR_TIMELINE=1 (foscar_decode.cuh)";
+    return 2;
+  }
   return 0;
 }
 

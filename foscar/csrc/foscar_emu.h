@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <barrier>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <condition_variable>
@@ -375,5 +376,11 @@ template <int N>
 inline void setmaxnreg_dec() {}
 template <int N>
 inline void setmaxnreg_inc() {}
+
+// %globaltimer: the host's monotonic clock in nanoseconds.
+inline uint64_t globaltimer_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
 
 }  // namespace foscar

@@ -208,5 +208,13 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 
 __device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 
+// The GPU's global nanosecond clock (one clock for every SM, unlike clock64): lab knob
+// FOSCAR_TIMELINE's stamps.
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 }  // namespace foscar
 #endif

@@ -248,3 +248,54 @@ def test_ctas_per_sm_are_the_knobs_where_the_kernel_fits():
     lab = emu.load(("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4")).foscar_emu_ctas_per_sm
     assert [lab(4, 128, 1, 0, 0, hp) for hp in (1, 2)] == [4, 4] and lab(4, 32, 1, 0, 0, 2) == 3
     assert lab(2, 32, 1, 0, 0, 1) == 4 and lab(2, 32, 1, 0, 0, 2) == 3  # four rings of groups of 32 do not fit
+
+
+def test_timeline_knob_stamps_each_ctas_phases():
+    # Lab knob FOSCAR_TIMELINE: one thread per CTA stamps its items' phases. Two KV heads in 2
+    # splits are 4 items; one SM's 3 CTAs take them, so CTA 0 runs a second item (k = 1). The
+    # output is the kernels' as ever; each item's stamps come in order, and of each (sequence,
+    # KV head) exactly the split that arrived last (CTAs run one after another here) merged.
+    from foscar import kernels
+
+    knob = ("-DFOSCAR_TIMELINE=1",)
+    seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=1, ratio=4)
+    lens = [300]
+    q, cache = _data(config, lens, 2, 4, seed)
+    lib = emu.load(knob)
+    splits, num_sms = 2, 1
+    plan = kernels.resolve_plan(cache, q.shape[1], variant="fold", num_splits=splits, num_sms=num_sms,
+                                ctas_per_sm=lib.foscar_emu_ctas_per_sm)[1]
+    assert (plan.num_splits, plan.num_ctas) == (splits, 3)
+    stamps = torch.zeros(kernels.timeline_entries(plan.num_ctas), dtype=torch.int64)
+    err = _error(q, cache, lens, num_splits=splits, num_sms=num_sms, defines=knob, timeline=stamps)
+    assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
+
+    phases = {name: i for i, name in enumerate(kernels.TIMELINE_PHASES)}
+    t = stamps.view(plan.num_ctas, kernels.TIMELINE_ITEMS, len(phases)).tolist()
+    num_items, written = 2 * splits, {}
+    for cta in range(plan.num_ctas):
+        for k in range(kernels.TIMELINE_ITEMS):
+            row, item = t[cta][k], cta + k * plan.num_ctas
+            if item >= num_items:
+                assert not any(row), (cta, k, row)
+                continue
+            at = {name: row[i] for name, i in phases.items()}
+            assert (at["entry"] > 0) == (k == 0), (cta, k, at)
+            assert all(at[n] > 0 for n in ("item", "first_copy", "first_s", "last_trip", "written")), (cta, k, at)
+            consumer = [at[n] for n in ("item", "first_s", "last_trip", "written", "merged") if at[n]]
+            assert consumer == sorted(consumer), (cta, k, at)
+            assert at["first_copy"] <= at["first_s"] and (k > 0 or at["entry"] <= min(at["item"], at["first_copy"]))
+            written[item] = (at["written"], at["merged"])
+    for head in range(2):  # items head * splits + split
+        group = [written[head * splits + sp] for sp in range(splits)]
+        assert [m > 0 for _, m in group] == [w == max(g for g, _ in group) for w, _ in group], (head, group)
+
+
+def test_timeline_needs_the_knob_and_the_launchs_size():
+    # 300 tokens, channel-wise: 4 packed chunks, so 2 splits of 2 on 2 CTAs (4 items x 7 phases each).
+    seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=1, ratio=4)
+    q, cache = _data(config, [300], 1, 4, seed)
+    with pytest.raises(RuntimeError, match="FOSCAR_TIMELINE=1"):  # the default build records none
+        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(56, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"expected a contiguous torch.int64 tensor of 56 elements \(2 CTAs"):
+        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(56, dtype=torch.int32))

@@ -74,3 +74,20 @@ def test_a_variant_is_measured_by_the_harness(lab, monkeypatch, heads):
     row = lab.lab_row("4ct", backend.name, 0, record)
     assert row["variant"] == "knobbed" and row["status"] == "passed" and "traceback" not in row
     lab.print_table([row])
+
+
+def test_timeline_table(lab):
+    # Two CTAs of one item each (stamps in ns, 0 not reached): offsets in us from the earliest
+    # entry, per phase the median and max, and the merging CTA's merge (merged - written).
+    from foscar.kernels import TIMELINE_ITEMS, TIMELINE_PHASES
+
+    blank = [[0] * len(TIMELINE_PHASES)] * (TIMELINE_ITEMS - 1)
+    merging = [[1000, 1500, 1200, 3000, 5000, 6000, 9000]] + blank
+    other = [[2000, 2500, 2200, 3500, 5500, 7000, 0]] + blank
+    t = lab.timeline_table([merging, other])
+    assert t["grid"] == 2 and t["tick_ns"] == 200
+    assert t["ctas"] == [[0, 0, 0, 0.0, 0.5, 0.2, 2.0, 4.0, 5.0, 8.0], [1, 0, 1, 1.0, 1.5, 1.2, 2.5, 4.5, 6.0, None]]
+    assert t["summary"]["written"] == {"n": 2, "median_us": 5.5, "max_us": 6.0}
+    assert t["summary"]["merged"] == {"n": 1, "median_us": 8.0, "max_us": 8.0}
+    assert t["merges"] == {"n": 1, "median_us": 3.0, "max_us": 3.0, "each": [[0, 3.0]]}
+    lab.print_timeline({"config": "4ct", "variant": "tl", "num_splits": 2, "chunks_per_split": 1, **t}, rows=True)
