@@ -3,7 +3,11 @@
 # the named ones under ncu (stall reasons per SASS instruction), all under $OUT.
 #   VARIANTS="base= c2=FOSCAR_CTAS_INT4=2" PROFILE="base" CONFIGS=4ct,2ct bash scripts/h200_lab.sh
 # Optional: TESTS="tests/foscar/test_kernels_gpu.py" runs those GPU tests first; PROBE=1 runs
-# scripts/probe_tc.py (the Tensor Cores' arithmetic); PROFILE_CONFIGS limits what ncu profiles.
+# scripts/probe_tc.py (the Tensor Cores' arithmetic); PROFILE_CONFIGS limits what ncu profiles;
+# TIMELINE=NAME (a variant built with FOSCAR_TIMELINE=1) records one launch's per-CTA phases at
+# each of TIMELINE_SHAPES (batch:kv_len, default 1:128 1:4096 1:32768 1:131072) into
+# $OUT/timeline_b<batch>_kv<len>.json; TIMING=0 skips the timed comparison:
+#   VARIANTS="tl=FOSCAR_TIMELINE=1" TIMELINE=tl TIMING=0 bash scripts/h200_lab.sh
 # Libraries built here beforehand travel in .foscar-cache (FOSCAR_CACHE_DIR); a key that
 # does not match the box's nvcc rebuilds there.
 set -uo pipefail
@@ -22,7 +26,16 @@ fi
 if [[ -n "${TESTS:-}" ]]; then  # the kernels' GPU tests, default build
     timeout 240 python3 -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee -a "$LOG" | grep -E "passed|failed|Error|seed=" | head -30
 fi
-timeout "${LAB_TIMEOUT:-300}" python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$CONFIGS" --json "$OUT/lab.json" ${LAB_ARGS:-} 2>&1 | tee -a "$LOG" | grep -vE '^\{'
+if [[ -n "${TIMELINE:-}" ]]; then  # where one launch's time goes, CTA by CTA (docs/PERFORMANCE.md, next list)
+    for bk in ${TIMELINE_SHAPES:-1:128 1:4096 1:32768 1:131072}; do
+        b=${bk%%:*}; kv=${bk##*:}
+        timeout 120 python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$CONFIGS" --batch "$b" --kv-len "$kv" \
+            --timeline "$TIMELINE" --json "$OUT/timeline_b${b}_kv${kv}.json" ${LAB_ARGS:-} 2>&1 | tee -a "$LOG" | grep -vE '^\{' | tail -20
+    done
+fi
+if [[ "${TIMING:-1}" != 0 ]]; then
+    timeout "${LAB_TIMEOUT:-300}" python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$CONFIGS" --json "$OUT/lab.json" ${LAB_ARGS:-} 2>&1 | tee -a "$LOG" | grep -vE '^\{'
+fi
 smi | tee -a "$LOG"
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 PCONFIGS=${PROFILE_CONFIGS:-$CONFIGS}
