@@ -42,9 +42,8 @@ class Comparison:
 def _different(changes: pd.DataFrame) -> pd.Series:
     if "gpu_uuid_base" not in changes:
         return pd.Series(False, index=changes.index)
-    return pd.Series([bool(noise.different_gpus(noise.Sample(1.0, gpu_uuid=a), noise.Sample(1.0, gpu_uuid=b)))
-                      for a, b in zip(changes["gpu_uuid_base"], changes["gpu_uuid_head"])],
-                     index=changes.index, dtype=bool)
+    pairs = zip(changes["gpu_uuid_base"], changes["gpu_uuid_head"])
+    return pd.Series([bool(noise.different_gpus(a, b)) for a, b in pairs], index=changes.index, dtype=bool)
 
 
 def compare(results: Results, base: str, head: str, min_change: float = 0.02,

@@ -116,10 +116,10 @@ def short_uuids(a: str, b: str) -> tuple[str, str]:
     return (a, b) if sa == sb and a != b else (sa, sb)
 
 
-def different_gpus(base: Sample, head: Sample) -> str:
+def different_gpus(base_uuid, head_uuid) -> str:
     """A sentence when both sides name their physical GPU and the two differ; '' otherwise
     (also when either is unknown: old records and CPU runs are judged as before)."""
-    a, b = _uuid(base.gpu_uuid), _uuid(head.gpu_uuid)
+    a, b = _uuid(base_uuid), _uuid(head_uuid)
     if a is None or b is None or a == b:
         return ""
     sa, sb = short_uuids(a, b)
@@ -134,7 +134,7 @@ def judge(base: Sample, head: Sample, threshold: float, smaller_is_better: bool 
     r = relative_change(base, head)
     u = math.hypot(base.noise, head.noise)
     if abs(r) > threshold and abs(r) > u:
-        gpus = different_gpus(base, head)
+        gpus = different_gpus(base.gpu_uuid, head.gpu_uuid)
         doubts = [gpus] if gpus and abs(r) <= max(threshold, gpu_threshold) else []
         clocks = clocks_differ(base, head, clock_tolerance)
         if clocks:

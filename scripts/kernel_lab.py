@@ -92,18 +92,26 @@ def build_variants(variants: list[tuple[str, tuple[str, ...]]]) -> dict:
     return libs
 
 
-def profile(case, backend, ctx, spec: str) -> None:
-    """The harness's check, then one launch inside the NVTX range ncu filters on."""
-    import torch
-
+def checked(case, backend, ctx, spec: str, skipped: str):
+    """(source, prepared) after the harness's check, or None (said, with `skipped`) when wrong."""
     from suite.runner import check, source_for
 
     source = source_for(ctx, case)
     prepared = backend.prepare(case, source)
     _, wrong = check(case, backend, prepared, source, ctx)
     if wrong:
-        print(f"{spec} {backend.name}: WRONG, {wrong} not profiled", flush=True)
+        print(f"{spec} {backend.name}: WRONG, {wrong} {skipped}", flush=True)
+        return None
+    return source, prepared
+
+
+def profile(case, backend, ctx, spec: str) -> None:
+    """The harness's check, then one launch inside the NVTX range ncu filters on."""
+    import torch
+
+    if (ok := checked(case, backend, ctx, spec, "not profiled")) is None:
         return
+    _, prepared = ok
     prepared.run()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push(f"lab_{spec}")
@@ -156,14 +164,10 @@ def timeline(case, backend, ctx, spec: str) -> dict | None:
 
     from foscar import kernels
     from foscar.cache import QuantizedKVCache
-    from suite.runner import check, source_for
 
-    source = source_for(ctx, case)
-    prepared = backend.prepare(case, source)
-    _, wrong = check(case, backend, prepared, source, ctx)
-    if wrong:
-        print(f"{spec} {backend.name}: WRONG, {wrong} no timeline", flush=True)
+    if (ok := checked(case, backend, ctx, spec, "no timeline")) is None:
         return None
+    source, prepared = ok
     cache = prepared.keepalive[0]  # the backend's own cache (baselines/foscar.py)
     if not isinstance(cache, QuantizedKVCache):
         raise SystemExit(f"{backend.name}: its prepared step keeps no foscar cache first; see baselines/foscar.py")

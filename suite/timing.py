@@ -265,7 +265,7 @@ class L2Plan:
     l2_bytes: int
     l2_known: bool
     verdict: str  # 'cold' | 'warm' | 'unknown'
-    rule: str = ""  # which rule chose the policy (RULES); '' for a plan of one byte count alone
+    rule: str = ""  # which rule chose the policy (RULE_*, readfloor's FLOOR_RULE_*); '' for one byte count alone
 
     @property
     def cold(self) -> bool:
@@ -276,7 +276,6 @@ class L2Plan:
 RULE_SHAPE_ROTATES = "shape rotates"
 RULE_SHAPE_FLUSHES = "shape flushes"
 RULE_OVER_CAP = "shape rotates, own copies over the cap"
-RULES = (RULE_SHAPE_ROTATES, RULE_SHAPE_FLUSHES, RULE_OVER_CAP)
 
 
 def _verdict(reuse_bytes: int, l2: int, l2_known: bool) -> str:

@@ -102,6 +102,7 @@ def _planned_blocks(case: Any, dequant: bool, max_heads: int | None) -> bool | N
 
     import torch
 
+    from baselines.foscar import quant_config
     from foscar import kernels
 
     if not torch.cuda.is_available():
@@ -111,7 +112,7 @@ def _planned_blocks(case: Any, dequant: bool, max_heads: int | None) -> bool | N
     lib = kernels.load_library()
     ctas = lib.foscar_ctas_per_sm(case.bits, case.group_size, int(case.k_mode == "channel"),
                                   int(case.v_mode == "channel"), int(dequant), heads)
-    packed = case.kv_len - (case.kv_len % case.group_size if "channel" in (case.k_mode, case.v_mode) else 0)
+    packed = case.kv_len - (case.kv_len % case.group_size if quant_config(case).has_tail else 0)
     plan = kernels.plan_launch(case.batch, case.num_kv_heads, math.ceil(packed / kernels.CHUNK_TOKENS),
                                torch.cuda.get_device_properties(0).multi_processor_count, ctas, heads,
                                kernels.MAX_ITEM_CHUNKS[case.bits])
