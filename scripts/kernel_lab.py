@@ -22,8 +22,9 @@ the launch plan's.
 the NVTX range `lab_<config>` for `ncu --nvtx --nvtx-include 'lab_4ct/'`, and skips timing.
 
 `--timeline NAME` builds that variant with FOSCAR_TIMELINE=1 and, per config after the same
-check, runs one warm-up and one launch recording each CTA's phases (%globaltimer,
-foscar_decode.cuh): a row per (CTA, item) of phase offsets in us from the earliest CTA entry,
+check, runs one launch with L2 warm (after a warm-up) and one with L2 cold (after a write of
+4x L2), each recording each CTA's phases (%globaltimer, foscar_decode.cuh) beside its CUDA-event
+time: a row per (CTA, item) of phase offsets in us from the earliest CTA entry,
 and per phase the median and max over CTAs, with the merging CTAs' merge times (merged -
 written). tick_ns is the smallest step between two stamps: the clock's resolution at best.
 Untimed; the table goes to --json, or is printed.
@@ -159,7 +160,9 @@ def timeline_table(stamps: list) -> dict:
 
 
 def timeline(case, backend, ctx, spec: str) -> dict | None:
-    """The harness's check, then a warm-up and one launch recording the timeline."""
+    """The harness's check, then per L2 state ("warm": the launch after a warm-up; "cold": the
+    same after a write of 4x L2 evicts it) one launch recording the timeline, with its CUDA-event
+    time beside the stamps (the span the stamps do not see: launch and the kernel's exit)."""
     import torch
 
     from foscar import kernels
@@ -175,14 +178,29 @@ def timeline(case, backend, ctx, spec: str) -> dict | None:
                   kv_heads_per_item=backend.kv_heads_per_item)
     plan = kernels.decode_plan(source.q, cache, **launch)
     stamps = torch.zeros(kernels.timeline_entries(plan.num_ctas), dtype=torch.int64, device=source.q.device)
-    for _ in range(2):  # a warm-up, then the launch kept
+    l2 = torch.cuda.get_device_properties(source.q.device).L2_cache_size
+    scrub = torch.empty(4 * l2, dtype=torch.uint8, device=source.q.device)
+    shape = (plan.num_ctas, kernels.TIMELINE_ITEMS, len(kernels.TIMELINE_PHASES))
+    out = {"config": spec, "variant": backend.name, "num_splits": plan.num_splits,
+           "chunks_per_split": plan.chunks_per_split, "num_ctas": plan.num_ctas}
+    for state in ("warm", "cold"):
         stamps.zero_()
         kernels.decode(source.q, cache, sm_scale=source.sm_scale, out=prepared.out, timeline=stamps, **launch)
+        if state == "cold":
+            scrub.fill_(1)  # evicts the cache's lines (4x L2 written)
+        stamps.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        kernels.decode(source.q, cache, sm_scale=source.sm_scale, out=prepared.out, timeline=stamps, **launch)
+        end.record()
         torch.cuda.synchronize()
-    shape = (plan.num_ctas, kernels.TIMELINE_ITEMS, len(kernels.TIMELINE_PHASES))
-    table = timeline_table(stamps.view(shape).tolist())
-    return {"config": spec, "variant": backend.name, "num_splits": plan.num_splits,
-            "chunks_per_split": plan.chunks_per_split, "num_ctas": plan.num_ctas, **table}
+        table = timeline_table(stamps.view(shape).tolist())
+        table["event_us"] = round(start.elapsed_time(end) * 1000, 3)
+        if state == "warm":
+            out.update(table)  # the warm launch at the top level, as before
+        else:
+            out["cold"] = table
+    return out
 
 
 def print_timeline(t: dict, rows: bool) -> None:
@@ -198,6 +216,12 @@ def print_timeline(t: dict, rows: bool) -> None:
     m = t["merges"]
     if m["n"]:
         print(f"merges: {m['n']}, median {m['median_us']:.3f} us, max {m['max_us']:.3f} us; (cta, us) {m['each']}")
+    if "event_us" in t:
+        print(f"the launch's event time: {t['event_us']:.3f} us")
+    if "cold" in t:
+        print("L2 cold:")
+        print_timeline({**t["cold"], "config": t["config"], "variant": t["variant"], "num_splits": t["num_splits"],
+                        "chunks_per_split": t["chunks_per_split"]}, rows)
 
 
 def lab_row(spec: str, name: str, round_: int, record) -> dict:
