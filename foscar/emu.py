@@ -95,19 +95,27 @@ def load(defines: Sequence[str] = ()) -> ctypes.CDLL:
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
            out: torch.Tensor | None = None, variant: str = "fold", num_splits: int | None = None,
            num_sms: int = DEFAULT_NUM_SMS, defines: Sequence[str] = (),
-           kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None) -> torch.Tensor:
+           kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
+           workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """foscar.decode's kernels on the CPU: q and the cache are CPU tensors; same result layout.
 
     `num_sms` sets the GPU the split plan is made for; `defines` builds with kernel knobs;
     `timeline` (a CPU tensor, with -DFOSCAR_TIMELINE=1) as in foscar.kernels.decode, in host
-    nanoseconds.
+    nanoseconds. `workspace`: (partials fp32, (m, l) fp32, counters int32 zeroed) to use instead
+    of fresh ones, large enough for the launch, so that a test sees what a launch leaves in it
+    for the next (the counters must be back at zero).
     """
     kernels._check_inputs(q, cache, out, variant, on_gpu=False)
     lib = load(defines)
     out = torch.empty_like(q) if out is None else out
     keep = []
 
-    def workspace(n_o, n_ml, n_count):
+    def fresh_workspace(n_o, n_ml, n_count):
+        if workspace is not None:
+            if workspace[0].numel() < n_o or workspace[1].numel() < n_ml or workspace[2].numel() < n_count:
+                raise ValueError(f"workspace holds {[t.numel() for t in workspace]} elements; this launch needs "
+                                 f"{[n_o, n_ml, n_count]}: pass larger tensors")
+            return workspace
         keep.extend([torch.empty(max(n_o, 1), dtype=torch.float32), torch.empty(max(n_ml, 1), dtype=torch.float32),
                      torch.zeros(max(n_count, 1), dtype=torch.int32)])
         return keep[-3], keep[-2], keep[-1]
@@ -116,7 +124,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
                                num_sms=num_sms, ctas_per_sm=lib.foscar_emu_ctas_per_sm,
                                max_kv_heads_per_item=lib.foscar_emu_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                                kv_heads_per_item=kv_heads_per_item,
-                               workspace=workspace, timeline=timeline)
+                               workspace=fresh_workspace, timeline=timeline)
     if lib.foscar_emu_decode(ctypes.byref(args)) != 0:
         raise RuntimeError(f"foscar.emu.decode: {lib.foscar_emu_last_error().decode()}")
     if keep and keep[-1].any():
