@@ -362,10 +362,8 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         raise ValueError(f"timeline has {got}; expected a contiguous torch.int64 tensor of {timeline_entries(ctas)} "
                          f"elements ({ctas} CTAs x {TIMELINE_ITEMS} items x {len(TIMELINE_PHASES)} phases) on "
                          f"{q.device}.")
-    # The arrival counters of the split merge, [batch, num_kv_heads], then one for the lab's
-    # FOSCAR_DYNAMIC (the items drawn); all zero between launches.
     ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
-                                      batch * cache.num_kv_heads + 1)
+                                      batch * cache.num_kv_heads)
     return _Args(
         q.data_ptr(), out.data_ptr(), cache.k_codes.data_ptr(), cache.v_codes.data_ptr(),
         cache.k_params.data_ptr(), cache.v_params.data_ptr(), cache.page_table.data_ptr(),

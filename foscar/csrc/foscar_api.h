@@ -30,7 +30,7 @@ typedef struct FoscarDecodeArgs {
   const void* v_tail;
   float* ws_o;            /* fp32 [batch, num_q_heads, num_splits, head_dim] when num_splits > 1 */
   float* ws_ml;           /* fp32 [batch, num_q_heads, num_splits, 2] */
-  int32_t* ws_count;      /* int32 [batch * num_kv_heads + 1], zero before the first launch (kept zero) */
+  int32_t* ws_count;      /* int32 [batch, num_kv_heads], zero before the first launch (kept zero) */
   int32_t batch, num_q_heads, num_kv_heads, head_dim;
   int32_t bits, group_size, k_channel, v_channel, dequant;
   int32_t page_size, max_pages;

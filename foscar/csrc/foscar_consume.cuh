@@ -502,16 +502,7 @@ template <class T, class KSide, class VSide, bool BLOCKS>
 __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
   const Lane L(threadIdx.x - 128, p.ratio, T::HP);
   RingCursor<T> ring;  // the current trip's stages
-#if FOSCAR_DYNAMIC
-  for (int k = 0;; ++k) {  // the producer's k-th item, through the queue
-    mbar_wait(&s.item_full[item_slot(k)], item_parity(k));
-    const int item = s.item_id[item_slot(k)];
-    __syncwarp();
-    if (L.lane == 0) mbar_arrive(&s.item_empty[item_slot(k)]);
-    if (item >= p.num_items) break;
-#else
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
-#endif
     const WorkItem w = work_item<T>(p, item);
     if (L.tid == 0) timeline_stamp(p, item, kTlItem);
     KSide ks;

@@ -60,20 +60,6 @@ __host__ __device__ inline int max_kv_heads_per_item(int ratio, int num_kv_heads
 #ifndef FOSCAR_TIMELINE
 #define FOSCAR_TIMELINE 0
 #endif
-// Lab knob FOSCAR_DYNAMIC=1: a CTA's first item is blockIdx.x, every later one the next of a
-// global counter (atomicAdd), not blockIdx.x + k gridDim.x, so that the CTAs the warp schedulers
-// favour take more items (docs/PERFORMANCE.md, fifth session: at batch 128 the first CTA of each
-// SM finished its items 23-25 % before the last). The producer draws each item and hands it to
-// the consumers through a queue of kItemQueue slots in shared memory (item_full / item_empty).
-// The CTA whose draw is the launch's last resets the counter for the next launch. Not with
-// FOSCAR_TIMELINE (its stamps index items by the static order).
-#ifndef FOSCAR_DYNAMIC
-#define FOSCAR_DYNAMIC 0
-#endif
-#if FOSCAR_DYNAMIC && FOSCAR_TIMELINE
-#error "FOSCAR_TIMELINE indexes items by the static order: build it without FOSCAR_DYNAMIC"
-#endif
-constexpr int kItemQueue = 4;
 enum TimelinePhase : int {
   kTlEntry,      // the CTA's barriers initialised, before its first __syncthreads (k = 0 only)
   kTlItem,       // the consumers start the item (before reading its query)
@@ -113,9 +99,6 @@ struct DecodeParams {
 #if FOSCAR_TIMELINE
   uint64_t* timeline;           // [ctas, kTimelineItems, kTimelinePhases] or null
 #endif
-#if FOSCAR_DYNAMIC
-  int* next_item;               // ws_count's last int: items handed out past the first round; 0 between launches
-#endif
 };
 
 inline DecodeParams make_params(const FoscarDecodeArgs& a) {
@@ -152,9 +135,6 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
 #if FOSCAR_TIMELINE
   p.timeline = a.timeline;
-#endif
-#if FOSCAR_DYNAMIC
-  p.next_item = a.ws_count + static_cast<size_t>(a.batch) * a.num_kv_heads;
 #endif
   return p;
 }
@@ -257,10 +237,6 @@ struct SharedStorage {
   float merge[4][kN / 2][kD];
   uint64_t full[T::kStages], empty[T::kStages];
   int last_split;
-#if FOSCAR_DYNAMIC
-  uint64_t item_full[kItemQueue], item_empty[kItemQueue];
-  int item_id[kItemQueue];
-#endif
 };
 
 // A kernel's traits: its shape, and how many CTAs share an SM: the build's knob or the kernel's
@@ -349,10 +325,11 @@ __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
 // Stage j of KV head h of sequence b (chunks chunk_begin .. chunk_end - 1) into ring slot
 // `stage` (freed by the consumers). Both chunks' pages are read before the first copy is
 // issued: a copy's asm orders memory, so a page read after it would wait its full latency.
-// FOSCAR_EARLY_PAGE (default 1; 0 for the lab's A/B): the producer reads the page of an item's first chunk beside the
-// sequence's length (the split's nominal first chunk, read before the length says where the split
-// starts), so that the item's first copy waits two DRAM round trips instead of three; fill_stage
-// takes it as (early_lpage, early_page).
+// The producer reads the page of an item's first chunk beside the sequence's length (the split's
+// nominal first chunk, read before the length says where the split starts), so that the item's
+// first copy waits two DRAM round trips instead of three; fill_stage takes it as (early_lpage,
+// early_page). Measured 0.2-0.3 us (2 %) off batch 1 at 4K and 16K (docs/PERFORMANCE.md, v20).
+// Lab knob FOSCAR_EARLY_PAGE=0 reads it in turn, as v18 did.
 #ifndef FOSCAR_EARLY_PAGE
 #define FOSCAR_EARLY_PAGE 1
 #endif
@@ -428,33 +405,11 @@ struct RingCursor {
   __device__ __forceinline__ void next_trip() { advance(T::HP); }
 };
 
-#if FOSCAR_DYNAMIC
-// The CTA's item after its k-th (FOSCAR_DYNAMIC): drawn from the launch's counter. Draws past
-// the items end the CTA, one each; the launch's last draw (num_items - gridDim.x + gridDim.x - 1
-// draws before it) resets the counter.
-__device__ __forceinline__ int draw_item(const DecodeParams& p) {
-  const int drawn = atomicAdd(p.next_item, 1);
-  if (drawn == p.num_items - 1) *p.next_item = 0;  // every CTA has drawn its last
-  return static_cast<int>(gridDim.x) + drawn;
-}
-// The queue slot of the CTA's k-th item, and the parity of its use.
-__device__ __forceinline__ int item_slot(int k) { return k % kItemQueue; }
-__device__ __forceinline__ uint32_t item_parity(int k) { return (k / kItemQueue) & 1; }
-#endif
-
 // The producer warpgroup: one lane streams every stage of the CTA's items into the ring.
 template <class T>
 __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
   RingCursor<T> ring;  // the next stage to fill
-#if FOSCAR_DYNAMIC
-  for (int k = 0, item = blockIdx.x;; ++k, item = draw_item(p)) {
-    mbar_wait(&s.item_empty[item_slot(k)], item_parity(k) ^ 1u);  // the consumers read its last use
-    s.item_id[item_slot(k)] = item;
-    mbar_arrive(&s.item_full[item_slot(k)]);
-    if (item >= p.num_items) break;
-#else
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
-#endif
     int early_lpage = -1;
     unsigned early_page = 0;
 #if FOSCAR_EARLY_PAGE
@@ -968,95 +923,6 @@ __device__ __forceinline__ void merge_columns(const DecodeParams& p, const float
   }
 }
 
-// FOSCAR_MERGE_WIDE (default 1; 0 is the merge before, for the lab's A/B): the last split's merge in three dependent L2 round trips instead
-// of 3 + S / 8 (one head) or 3 + S / 4 (paired): the splits' (m, l) pairs load in one pass,
-// beside the first batch of the partial outputs, and those load as float4, 16 in flight per
-// thread (docs/PERFORMANCE.md, fifth session: the merge took 4.6 us of batch 1 / 4K's 12.6 and
-// 15 us of a paired item's).
-#ifndef FOSCAR_MERGE_WIDE
-#define FOSCAR_MERGE_WIDE 1
-#endif
-
-// The wide merge (FOSCAR_MERGE_WIDE): thread tid sums channels 4 (tid % 32) .. + 3 of columns
-// tid / 32 and tid / 32 + 4 over the splits, in the default's order. The (m, l) of every (column, split) go through
-// s.merge as float2, where each warp turns its columns' into weights (in .x) while the first
-// batch of partials is in flight.
-template <class T>
-__device__ void merge_wide(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w) {
-  const int hq0 = w.h * p.ratio, S = p.num_splits, n = p.cols * S;  // n <= 8 x 128 (foscar_dispatch.h)
-  float2* ml = reinterpret_cast<float2*>(&s.merge[0][0][0]);          // [column][split]
-  static_assert(sizeof(s.merge) >= kN * 128 * sizeof(float2), "the merge buffer holds 8 heads x 128 splits");
-  const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // column hd, split sp: row0 + hd S + sp
-  // The (m, l) pairs in registers up to two per thread (8 columns x 32 splits, 4 x 64), the
-  // rest (lab split counts) after; the partials' loads in flight: 16 float4 per thread, 8 where
-  // four CTAs share an SM (104 registers).
-  constexpr int kMlPerThread = 2, kMergeBatch = T::kCtasPerSm >= 4 ? 8 : 16;
-  const float2* ml_src = reinterpret_cast<const float2*>(p.ws_ml) + row0;
-  float2 mine[kMlPerThread];
-#pragma unroll
-  for (int i = 0; i < kMlPerThread; ++i) {
-    const int j = L.tid + i * kConsumerThreads;
-    if (j < n) mine[i] = __ldcg(ml_src + j);
-  }
-  const int cg = L.tid & 31, col = L.tid >> 5;  // this thread's channels 4 cg .. + 3, first column
-  const float4* parts = reinterpret_cast<const float4*>(p.ws_o) + cg;  // (row, cg) at parts[row * kD / 4]
-  // The batches of this thread's (column, split) pairs: column col's splits, then column col + 4's.
-  const int jobs = (col < p.cols ? S : 0) + (col + 4 < p.cols ? S : 0);
-  auto load_batch = [&](int j0, float4 (&v)[kMergeBatch]) {
-#pragma unroll
-    for (int i = 0; i < kMergeBatch; ++i) {
-      const int j = j0 + i, hd = j < S ? col : col + 4, sp = j < S ? j : j - S;
-      v[i] = j < jobs ? __ldcg(parts + (row0 + (size_t)hd * S + sp) * (kD / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  };
-  float4 v[kMergeBatch];
-  load_batch(0, v);
-#pragma unroll
-  for (int i = 0; i < kMlPerThread; ++i) {
-    const int j = L.tid + i * kConsumerThreads;
-    if (j < n) ml[j] = mine[i];
-  }
-  for (int j = L.tid + kMlPerThread * kConsumerThreads; j < n; j += kConsumerThreads) ml[j] = __ldcg(ml_src + j);
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  for (int hd = L.warp; hd < p.cols; hd += 4) {  // weights exp2(m - max) / denominator, in .x
-    float mx = kNegInf;
-    for (int sp = L.lane; sp < S; sp += 32) mx = fmaxf(mx, ml[hd * S + sp].x);
-    mx = reduce_lanes<32, true>(mx);
-    float den = 0.f;
-    for (int sp = L.lane; sp < S; sp += 32) {
-      const float2 e = ml[hd * S + sp];  // a split with no tokens of this sequence weighs 0
-      den = fmaf(e.x == kNegInf ? 0.f : exp2f(e.x - mx), e.y, den);
-    }
-    den = reduce_lanes<32, false>(den);
-    for (int sp = L.lane; sp < S; sp += 32) {
-      const float m = ml[hd * S + sp].x;
-      ml[hd * S + sp].x = m == kNegInf ? 0.f : exp2f(m - mx) / den;
-    }
-  }
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
-  for (int j0 = 0; j0 < jobs; j0 += kMergeBatch) {
-    if (j0 > 0) load_batch(j0, v);
-#pragma unroll
-    for (int i = 0; i < kMergeBatch; ++i) {
-      const int j = j0 + i, second = j >= S, sp = second ? j - S : j;
-      if (j < jobs) {
-        const float wt = ml[(col + 4 * second) * S + sp].x;
-        float4& a = acc[second];
-        a.x = fmaf(wt, v[i].x, a.x), a.y = fmaf(wt, v[i].y, a.y), a.z = fmaf(wt, v[i].z, a.z), a.w = fmaf(wt, v[i].w, a.w);
-      }
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int hd = col + 4 * k;
-    if (hd < p.cols) {
-      const uint2 packed = make_uint2(pack_bf16x2(acc[k].x, acc[k].y), pack_bf16x2(acc[k].z, acc[k].w));
-      *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + 4 * cg) = packed;
-    }
-  }
-}
-
 // After every split of an item wrote its partials (o against its own maximum m, and l): the
 // last split of a (sequence, KV head) to arrive merges them all into the output and resets the
 // counter for the next launch.
@@ -1075,12 +941,6 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (!s.last_split) return;
   __threadfence();
-#if FOSCAR_MERGE_WIDE
-  merge_wide<T>(p, s, L, w);
-  named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split and s.merge are read out
-  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
-  return;
-#endif
   // Every split's m and l of a head are read once: the m into shared memory (s.merge, free by
   // now), then one warp per head turns them into weights exp2(m - max) / denominator as it reads
   // the l; then thread tid sums channel tid of every head over the splits with independent loads. (Each thread
@@ -1144,9 +1004,6 @@ __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>:
       mbar_init(&s.full[i], 1);   // the producer's arrive (and the copies' bytes)
       mbar_init(&s.empty[i], 4);  // one arrive per consumer warp
     }
-#if FOSCAR_DYNAMIC
-    for (int i = 0; i < kItemQueue; ++i) mbar_init(&s.item_full[i], 1), mbar_init(&s.item_empty[i], 4);
-#endif
     mbar_init_fence();
     timeline_stamp(p, blockIdx.x, kTlEntry);  // before the barrier: the CTA's other stamps follow it
   }

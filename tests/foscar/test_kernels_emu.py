@@ -212,24 +212,21 @@ def test_build_knobs_compute_the_same_function(knobs):
         assert err <= TOLERANCE, f"seed={seed} bits={bits} knobs={knobs}: {err:.2e}"
 
 
-@pytest.mark.parametrize("knobs", [("-DFOSCAR_MERGE_WIDE=0",), ("-DFOSCAR_EARLY_PAGE=0",), ("-DFOSCAR_DYNAMIC=1",)])
-def test_lab_knobs_change_no_bit(knobs):
-    # The wide merge sums each channel over the splits in the same order, with the same weights,
-    # as the merge before it (MERGE_WIDE=0); the early page only moves a page-table read; the
-    # dynamic order hands the same items to other CTAs. Each must give the default's output bit for bit: one head and
-    # paired, splits from 2 to past a thread's batch of 16 loads (two columns of 17 splits
-    # each), the sequences of unequal length (empty splits), more items than CTAs (num_sms=1).
-    # Two launches share one workspace: each leaves its counters at zero for the next.
-    for bits, heads, splits in ((4, 1, 2), (2, 2, 17), (4, 2, 40)):  # 40 paired: 320 (m, l) pairs
+def test_early_page_changes_no_bit_and_counters_return_to_zero():
+    # The early page only moves a page-table read: the output is the v18 order's (lab knob
+    # FOSCAR_EARLY_PAGE=0) bit for bit, one head and paired, from 2 splits to 40 (empty splits:
+    # the sequences are shorter), more items than CTAs (num_sms=1). Two launches share one
+    # workspace: the split merge leaves its arrival counters at zero for the next launch.
+    for bits, heads, splits in ((4, 1, 2), (2, 2, 17), (4, 2, 40)):
         seed, config, lens, _, ratio = _case(bits, 128, "channel", "token", batch=2, ratio=4, max_len=900)
         q, cache = _data(config, lens, 2, ratio, seed)
-        want = emu.decode(q, cache, num_splits=splits, kv_heads_per_item=heads, num_sms=1)
+        want = emu.decode(q, cache, num_splits=splits, kv_heads_per_item=heads, num_sms=1,
+                          defines=("-DFOSCAR_EARLY_PAGE=0",))
         n = 2 * q.shape[1] * splits
-        ws = (torch.empty(n * 128), torch.empty(n * 2), torch.zeros(2 * cache.num_kv_heads + 1, dtype=torch.int32))
+        ws = (torch.empty(n * 128), torch.empty(n * 2), torch.zeros(2 * cache.num_kv_heads, dtype=torch.int32))
         for launch in range(2):
-            got = emu.decode(q, cache, num_splits=splits, kv_heads_per_item=heads, num_sms=1, defines=knobs,
-                             workspace=ws)
-            where = f"seed={seed} bits={bits} heads={heads} splits={splits} knobs={knobs} launch={launch}"
+            got = emu.decode(q, cache, num_splits=splits, kv_heads_per_item=heads, num_sms=1, workspace=ws)
+            where = f"seed={seed} bits={bits} heads={heads} splits={splits} launch={launch}"
             assert torch.equal(got, want), where
             assert not ws[2].any(), f"{where}: counters left at {ws[2].tolist()}"
 
