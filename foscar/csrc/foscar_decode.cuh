@@ -328,15 +328,11 @@ __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
 // The producer reads the page of an item's first chunk beside the sequence's length (the split's
 // nominal first chunk, read before the length says where the split starts), so that the item's
 // first copy waits two DRAM round trips instead of three; fill_stage takes it as (early_lpage,
-// early_page). Measured 0.2-0.3 us (2 %) off batch 1 at 4K and 16K (docs/PERFORMANCE.md, v20).
-// Lab knob FOSCAR_EARLY_PAGE=0 reads it in turn, as v18 did.
-#ifndef FOSCAR_EARLY_PAGE
-#define FOSCAR_EARLY_PAGE 1
-#endif
+// early_page). Measured 0.2-0.6 us (1-2 %) off batch 1 and 8 at 4K-128K (docs/PERFORMANCE.md, v20).
 template <class T>
 __device__ __forceinline__ void fill_stage(const DecodeParams& p, SharedStorage<T>& s, int stage, int b, int h,
-                                           int chunk_begin, int chunk_end, int j, int early_lpage = -1,
-                                           unsigned early_page = 0) {
+                                           int chunk_begin, int chunk_end, int j, int early_lpage,
+                                           unsigned early_page) {
   const bool has_k = j + 1 < chunk_end, has_v = j >= chunk_begin;
   // The K parameters ride with the K codes (lead 1) or with the V (lead 0): same chunk, same page.
   const bool has_kp = T::kKParamLead ? has_k : has_v;
@@ -344,12 +340,7 @@ __device__ __forceinline__ void fill_stage(const DecodeParams& p, SharedStorage<
   // The chunk's page and its first token in it.
   auto locate = [&](int c, unsigned long long& page, int& tip) {
     const int tok = c * kChunk, lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
-#if FOSCAR_EARLY_PAGE
     page = lpage == early_lpage ? early_page : static_cast<unsigned>(row[lpage]);
-#else
-    (void)early_lpage, (void)early_page;
-    page = static_cast<unsigned>(row[lpage]);
-#endif
     tip = tok - lpage * p.page_size;
   };
   unsigned long long page_v = 0, page_k = 0;
@@ -410,16 +401,14 @@ template <class T>
 __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
   RingCursor<T> ring;  // the next stage to fill
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
-    int early_lpage = -1;
+    int early_lpage = -1;  // the nominal first chunk's page, its load issued before the length's returns
     unsigned early_page = 0;
-#if FOSCAR_EARLY_PAGE
-    {  // the nominal first chunk's page, its load issued before the length's returns
+    {
       const int b = item / p.num_splits / (p.num_kv_heads / T::HP);
       const int tok = (item % p.num_splits) * p.chunks_per_split * kChunk;
       const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
       if (lpage < p.max_pages) early_lpage = lpage, early_page = static_cast<unsigned>(p.page_table[(size_t)b * p.max_pages + lpage]);
     }
-#endif
     const WorkItem w = work_item<T>(p, item);
     if (w.chunk_end == w.chunk_begin) continue;
     for (int j = w.chunk_begin - 1; j < w.chunk_end; ++j)
