@@ -110,7 +110,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     out = torch.empty_like(q) if out is None else out
     keep = []
 
-    def fresh_workspace(n_o, n_ml, n_count):
+    def workspace_for(n_o, n_ml, n_count):
         if workspace is not None:
             if workspace[0].numel() < n_o or workspace[1].numel() < n_ml or workspace[2].numel() < n_count:
                 raise ValueError(f"workspace holds {[t.numel() for t in workspace]} elements; this launch needs "
@@ -124,7 +124,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
                                num_sms=num_sms, ctas_per_sm=lib.foscar_emu_ctas_per_sm,
                                max_kv_heads_per_item=lib.foscar_emu_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                                kv_heads_per_item=kv_heads_per_item,
-                               workspace=fresh_workspace, timeline=timeline)
+                               workspace=workspace_for, timeline=timeline)
     if lib.foscar_emu_decode(ctypes.byref(args)) != 0:
         raise RuntimeError(f"foscar.emu.decode: {lib.foscar_emu_last_error().decode()}")
     if keep and keep[-1].any():

@@ -23,10 +23,9 @@ the NVTX range `lab_<config>` for `ncu --nvtx --nvtx-include 'lab_4ct/'`, and sk
 
 `--timeline NAME` builds that variant with FOSCAR_TIMELINE=1 and, per config after the same
 check, runs one launch with L2 warm (after a warm-up) and one with L2 cold (after a write of
-4x L2), each recording each CTA's phases (%globaltimer, foscar_decode.cuh) beside its CUDA-event
-time: a row per (CTA, item) of phase offsets in us from the earliest CTA entry,
-and per phase the median and max over CTAs, with the merging CTAs' merge times (merged -
-written). tick_ns is the smallest step between two stamps: the clock's resolution at best.
+4x L2), each recording each CTA's phases (%globaltimer, foscar_decode.cuh): a row per
+(CTA, item) of phase offsets in us from the earliest CTA entry, and per phase the median and
+max over CTAs, with the merging CTAs' merge times (merged - written). tick_ns is the smallest step between two stamps: the clock's resolution at best.
 Untimed; the table goes to --json, or is printed.
 """
 from __future__ import annotations
@@ -161,8 +160,7 @@ def timeline_table(stamps: list) -> dict:
 
 def timeline(case, backend, ctx, spec: str) -> dict | None:
     """The harness's check, then per L2 state ("warm": the launch after a warm-up; "cold": the
-    same after a write of 4x L2 evicts it) one launch recording the timeline, with its CUDA-event
-    time beside the stamps (the span the stamps do not see: launch and the kernel's exit)."""
+    same after a write of 4x L2 evicts it) one launch recording the timeline."""
     import torch
 
     from foscar import kernels
@@ -189,13 +187,9 @@ def timeline(case, backend, ctx, spec: str) -> dict | None:
         if state == "cold":
             scrub.fill_(1)  # evicts the cache's lines (4x L2 written)
         stamps.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
         kernels.decode(source.q, cache, sm_scale=source.sm_scale, out=prepared.out, timeline=stamps, **launch)
-        end.record()
         torch.cuda.synchronize()
         table = timeline_table(stamps.view(shape).tolist())
-        table["event_us"] = round(start.elapsed_time(end) * 1000, 3)
         if state == "warm":
             out.update(table)  # the warm launch at the top level, as before
         else:
@@ -216,8 +210,6 @@ def print_timeline(t: dict, rows: bool) -> None:
     m = t["merges"]
     if m["n"]:
         print(f"merges: {m['n']}, median {m['median_us']:.3f} us, max {m['max_us']:.3f} us; (cta, us) {m['each']}")
-    if "event_us" in t:
-        print(f"the launch's event time: {t['event_us']:.3f} us")
     if "cold" in t:
         print("L2 cold:")
         print_timeline({**t["cold"], "config": t["config"], "variant": t["variant"], "num_splits": t["num_splits"],
