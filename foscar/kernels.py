@@ -37,7 +37,8 @@ VARIANTS = ("fold", "dequant")
 # Lab knob FOSCAR_TIMELINE (foscar_decode.cuh, TimelinePhase): per CTA and each of its first
 # TIMELINE_ITEMS items, one %globaltimer stamp (ns) per phase, in this order; 0 where not reached.
 TIMELINE_ITEMS = 4
-TIMELINE_PHASES = ("entry", "item", "first_copy", "first_s", "last_trip", "written", "merged")
+TIMELINE_PHASES = ("entry", "item", "first_copy", "first_s", "last_trip", "folded", "stored", "written", "counted",
+                   "merged")
 
 
 class _Args(ctypes.Structure):

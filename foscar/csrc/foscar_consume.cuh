@@ -449,6 +449,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
     if (L.g == 0) s.red[L.warp][2 * L.t + hh][0] = sm.m[hh], s.red[L.warp][2 * L.t + hh][1] = l;
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlFolded);
   // Columns in passes of four (the real ones, cols: 1, 2, 4 or 8): each warp's output against
   // the maximum over the warps into the merge buffer, then thread tid sums channel tid of each.
   const int hq0 = w.h * p.ratio, c = L.tid;
@@ -488,6 +489,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
       }
     }
   }
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlStored);  // thread 0's stores issued (the others' may trail)
   if (p.num_splits == 1) {
     named_barrier(kConsumerBarrier, kConsumerThreads);  // s.red and s.merge are read out before the next item
     if (L.tid == 0) timeline_stamp<T>(p, w, kTlWritten);

@@ -66,7 +66,10 @@ enum TimelinePhase : int {
   kTlFirstCopy,  // the producer lane, the item's first stage free, issues its first bulk copy
   kTlFirstS,     // the consumers passed the first stage's full barrier and hold the first S (SStream::first)
   kTlLastTrip,   // the consumers ended the last trip (before the BF16 tail and the item's finish)
+  kTlFolded,     // the item's finish: V's fold closed and each warp's (m, l) in shared memory
+  kTlStored,     // the item's finish: the partials (or the output) stored, before the fence
   kTlWritten,    // the split's partials written, before the merge counter's atomic (the output, with one split)
+  kTlCounted,    // the merge counter's atomic returned (every split's CTA)
   kTlMerged,     // the merge of every split written (the CTA whose split arrived last only)
   kTimelinePhases
 };
@@ -926,6 +929,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
     const int done = atomicAdd(count, 1);
     s.last_split = done == p.num_splits - 1;
     if (s.last_split) *count = 0;  // every split has counted: ready for the next launch
+    timeline_stamp<T>(p, w, kTlCounted);
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (!s.last_split) return;

@@ -301,8 +301,9 @@ def test_timeline_knob_stamps_each_ctas_phases():
                 continue
             at = {name: row[i] for name, i in phases.items()}
             assert (at["entry"] > 0) == (k == 0), (cta, k, at)
-            assert all(at[n] > 0 for n in ("item", "first_copy", "first_s", "last_trip", "written")), (cta, k, at)
-            consumer = [at[n] for n in ("item", "first_s", "last_trip", "written", "merged") if at[n]]
+            done = ("item", "first_copy", "first_s", "last_trip", "folded", "stored", "written", "counted")
+            assert all(at[n] > 0 for n in done), (cta, k, at)
+            consumer = [at[n] for n in (*done[:1], *done[2:], "merged") if at[n]]
             assert consumer == sorted(consumer), (cta, k, at)
             assert at["first_copy"] <= at["first_s"] and (k > 0 or at["entry"] <= min(at["item"], at["first_copy"]))
             written[item] = (at["written"], at["merged"])
@@ -312,10 +313,10 @@ def test_timeline_knob_stamps_each_ctas_phases():
 
 
 def test_timeline_needs_the_knob_and_the_launchs_size():
-    # 300 tokens, channel-wise: 4 packed chunks, so 2 splits of 2 on 2 CTAs (4 items x 7 phases each).
+    # 300 tokens, channel-wise: 4 packed chunks, so 2 splits of 2 on 2 CTAs (4 items x 10 phases each).
     seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=1, ratio=4)
     q, cache = _data(config, [300], 1, 4, seed)
     with pytest.raises(RuntimeError, match="FOSCAR_TIMELINE=1"):  # the default build records none
-        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(56, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"expected a contiguous torch.int64 tensor of 56 elements \(2 CTAs"):
-        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(56, dtype=torch.int32))
+        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(80, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"expected a contiguous torch.int64 tensor of 80 elements \(2 CTAs"):
+        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(80, dtype=torch.int32))
