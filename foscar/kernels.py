@@ -295,14 +295,19 @@ def timeline_entries(num_ctas: int) -> int:
     return num_ctas * TIMELINE_ITEMS * len(TIMELINE_PHASES)
 
 
+def kernel_instance(cfg: QuantConfig, variant: str) -> tuple[int, int, int, int, int]:
+    """The kernel instance, as the C API names it: bits, group, K channel, V channel, dequant."""
+    return (cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
+            int(variant == "dequant"))
+
+
 def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num_splits: int | None, num_sms: int,
                  ctas_per_sm: int | Callable[..., int], max_kv_heads_per_item: int = 1,
                  kv_heads_per_item: int | None = None) -> tuple[int, LaunchPlan]:
     """The KV heads per item and the plan of one launch: the planner's, or its chunks over a
     forced `num_splits`. `ctas_per_sm` as in launch_args."""
     cfg = cache.config
-    instance = (cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
-                int(variant == "dequant"))  # the kernel instance, as the C API names it
+    instance = kernel_instance(cfg, variant)
     if kv_heads_per_item is None:
         kv_heads_per_item = planned_kv_heads_per_item(cache.batch, cache.num_kv_heads, max_kv_heads_per_item)
     elif kv_heads_per_item not in (1, max_kv_heads_per_item):
@@ -371,8 +376,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         cache.seq_lens.data_ptr(), cache.k_tail.data_ptr(), cache.v_tail.data_ptr(),
         ws_o.data_ptr(), ws_ml.data_ptr(), ws_count.data_ptr(),
         batch, num_q_heads, cache.num_kv_heads, head_dim,
-        cfg.bits, cfg.group_size, int(cfg.k_mode == "channel"), int(cfg.v_mode == "channel"),
-        int(variant == "dequant"), cfg.page_size, cache.page_table.shape[1],
+        *kernel_instance(cfg, variant), cfg.page_size, cache.page_table.shape[1],
         splits, per_split, ctas, kv_heads_per_item, scale, device,
         None if timeline is None else timeline.data_ptr(),
     )

@@ -40,8 +40,9 @@ typedef struct FoscarDecodeArgs {
                               * foscar_kv_heads_per_item allows it; the planner chooses */
   float sm_scale;
   int32_t device;         /* CUDA device index of every pointer above; the launch goes there */
-  uint64_t* timeline;     /* lab knob FOSCAR_TIMELINE only (foscar_decode.cuh): int64 [num_ctas, 4 items,
-                           * 7 phases] of %globaltimer stamps, zeroed by the caller; NULL otherwise */
+  uint64_t* timeline;     /* lab knob FOSCAR_TIMELINE only (foscar_decode.cuh): int64 [num_ctas,
+                           * kTimelineItems, kTimelinePhases] of %globaltimer stamps, zeroed by the
+                           * caller; NULL otherwise */
 } FoscarDecodeArgs;
 
 /* Launches the decode on `stream` (splits of one sequence merge in the same launch). Returns 0

@@ -407,7 +407,7 @@ __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
     int early_lpage = -1;  // the nominal first chunk's page, its load issued before the length's returns
     unsigned early_page = 0;
     {
-      const int b = item / p.num_splits / (p.num_kv_heads / T::HP);
+      const int b = item / p.num_splits / (p.num_kv_heads / T::HP);  // work_item()'s w.b, before its length load
       const int tok = (item % p.num_splits) * p.chunks_per_split * kChunk;
       const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
       if (lpage < p.max_pages) early_lpage = lpage, early_page = static_cast<unsigned>(p.page_table[(size_t)b * p.max_pages + lpage]);

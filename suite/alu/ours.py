@@ -109,10 +109,9 @@ def _planned_blocks(case: Any, dequant: bool, max_heads: int | None) -> bool | N
         return None
     heads = kernels.planned_kv_heads_per_item(case.batch, case.num_kv_heads, max_heads or 1)
     variant = "dequant" if dequant else "fold"
-    lib = kernels.load_library()
-    ctas = lib.foscar_ctas_per_sm(case.bits, case.group_size, int(case.k_mode == "channel"),
-                                  int(case.v_mode == "channel"), int(dequant), heads)
-    packed = case.kv_len - (case.kv_len % case.group_size if quant_config(case).has_tail else 0)
+    cfg = quant_config(case)
+    ctas = kernels.load_library().foscar_ctas_per_sm(*kernels.kernel_instance(cfg, variant), heads)
+    packed = case.kv_len - (case.kv_len % case.group_size if cfg.has_tail else 0)
     plan = kernels.plan_launch(case.batch, case.num_kv_heads, math.ceil(packed / kernels.CHUNK_TOKENS),
                                torch.cuda.get_device_properties(0).multi_processor_count, ctas, heads,
                                kernels.MAX_ITEM_CHUNKS[case.bits])
