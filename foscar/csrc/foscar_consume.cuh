@@ -469,7 +469,14 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
         for (int hf = 0; hf < 2; ++hf) s.merge[L.warp][hd - h0][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
     }
     named_barrier(kConsumerBarrier, kConsumerThreads);
+#if FOSCAR_FINISH_UNROLL
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      const int hd = h0 + i;
+      if (hd >= p.cols) break;
+#else
     for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) {
+#endif
       float mx = kNegInf;
 #pragma unroll
       for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);

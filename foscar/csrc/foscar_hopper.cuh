@@ -179,6 +179,8 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy accesses
 // (a wgmma reading a B tile that threads just stored).
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// The same for every state space: global data that other threads wrote, read next by a bulk copy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async;\n" ::: "memory"); }
 
 // ---- named barriers among a subset of the CTA's warps
 __device__ __forceinline__ void named_barrier(int id, int threads) {
