@@ -469,14 +469,8 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
         for (int hf = 0; hf < 2; ++hf) s.merge[L.warp][hd - h0][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
     }
     named_barrier(kConsumerBarrier, kConsumerThreads);
-#if FOSCAR_FINISH_UNROLL
-#pragma unroll
-    for (int i = 0; i < kN / 2; ++i) {
-      const int hd = h0 + i;
-      if (hd >= p.cols) break;
-#else
-    for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) {
-#endif
+    // Thread tid's channel of each column: against the maximum over the warps, summed.
+    auto sum_column = [&](int hd) {
       float mx = kNegInf;
 #pragma unroll
       for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
@@ -494,6 +488,18 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
         p.ws_o[row * kD + c] = o;
         if (c == 0) p.ws_ml[row * 2] = mx, p.ws_ml[row * 2 + 1] = l;
       }
+    };
+    if constexpr (T::HP == 1) {
+      // Unrolled, so that the columns' loads overlap: batch 1's finish, 0.2-0.7 us faster at
+      // 4K-128K (docs/PERFORMANCE.md, v21). The paired kernels keep the loop: unrolled there,
+      // their trips got slower (1-5 % at batch 32 and 128).
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) {
+        if (h0 + i >= p.cols) break;
+        sum_column(h0 + i);
+      }
+    } else {
+      for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) sum_column(hd);
     }
   }
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlStored);  // thread 0's stores issued (the others' may trail)

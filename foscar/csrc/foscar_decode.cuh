@@ -30,7 +30,6 @@
 #pragma once
 
 #include <math.h>
-#include <stddef.h>
 
 #include <type_traits>
 
@@ -71,6 +70,8 @@ enum TimelinePhase : int {
   kTlStored,     // the item's finish: the partials (or the output) stored, before the fence
   kTlWritten,    // the split's partials written, before the merge counter's atomic (the output, with one split)
   kTlCounted,    // the merge counter's atomic returned (every split's CTA)
+  kTlMergeFenced,    // the merge: past its fence, before the (m, l) loads (the CTA whose split arrived last only)
+  kTlMergeWeighted,  // the merge: the splits' weights in shared memory, before the partials' loads (the same)
   kTlMerged,     // the merge of every split written (the CTA whose split arrived last only)
   kTimelinePhases
 };
@@ -173,15 +174,11 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PV_SPLIT
 #define FOSCAR_PV_SPLIT 2
 #endif
-// Lab: the split merge of a CTA's last item stages every split's partials in shared memory
-// with bulk copies (the ring is free by then) instead of loading them in batches: 1 in the
-// one-head kernels (batch 1), 2 in every kernel.
-#ifndef FOSCAR_MERGE_STAGED
-#define FOSCAR_MERGE_STAGED 0
-#endif
-// Lab: the item's finish sums its (up to four) columns of a pass unrolled, their loads together.
-#ifndef FOSCAR_FINISH_UNROLL
-#define FOSCAR_FINISH_UNROLL 0
+// Lab: the split merge's counter taken with one thread's acq_rel fence after the warpgroup's
+// barrier (the splits' partials released, the merging CTA's loads acquired) instead of every
+// consumer thread's __threadfence, before the atomic and again in the merging CTA.
+#ifndef FOSCAR_RELEASE_COUNT
+#define FOSCAR_RELEASE_COUNT 0
 #endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
@@ -251,9 +248,6 @@ struct SharedStorage {
   float merge[4][kN / 2][kD];
   uint64_t full[T::kStages], empty[T::kStages];
   int last_split;
-#if FOSCAR_MERGE_STAGED
-  uint64_t merge_full;  // the staged merge's copies (merge_staged)
-#endif
 };
 
 // A kernel's traits: its shape, and how many CTAs share an SM: the build's knob or the kernel's
@@ -283,22 +277,11 @@ struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   static constexpr int kEntryRegs = (65536 / (Shape::kThreads * kCtasPerSm)) / 8 * 8;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = (2 * kEntryRegs - kProducerRegs) / 8 * 8;
-  // The staged merge (lab knob FOSCAR_MERGE_STAGED): the launch takes all
-  // the shared memory that kCtasPerSm CTAs may (228 KB an SM, 1 KB of each CTA's the system's),
-  // the spare bytes before the shared storage, so that they, the ring, the query tiles and q32
-  // make one buffer for the merge of the CTA's last item (merge_staged).
-  static constexpr bool kMergeStaged = FOSCAR_MERGE_STAGED >= 2 || (FOSCAR_MERGE_STAGED == 1 && HP_ == 1);
-  static constexpr int kMergePad =
-      kMergeStaged ? (228 * 1024 / kCtasPerSm - 1024 - kSmemBytes) / 128 * 128 : 0;
-  static_assert(kMergePad >= 0, "the launch holds the shared storage");
-  static constexpr int kLaunchSmemBytes = kSmemBytes + kMergePad;
-  static constexpr int kMergeStageBytes =
-      kMergePad + static_cast<int>(offsetof(SharedStorage<Shape>, q32) + sizeof(SharedStorage<Shape>::q32));
 };
 
 template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
 constexpr int decode_smem_bytes() {
-  return DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kLaunchSmemBytes;
+  return DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kSmemBytes;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -940,107 +923,36 @@ __device__ __forceinline__ void merge_columns(const DecodeParams& p, const float
   }
 }
 
-#if FOSCAR_MERGE_STAGED
-// The split merge of the CTA's last item (its ring idle, the producer gone): the partials of
-// every split of the item's columns copied into shared memory (the q tiles, the ring and the
-// launch's spare bytes past the struct) by the bulk copy engine, in as few passes as that
-// holds, while the threads load the (m, l) pairs; each thread then sums its channel of every
-// column from shared memory. The merge waits on one or two round trips instead of one per
-// batch of loads. False (nothing done) where the CTA has another item, or a pass would not hold
-// one split of every column.
-template <class T>
-__device__ __forceinline__ bool merge_staged(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w) {
-  const int item = (w.b * (p.num_kv_heads / T::HP) + w.h / T::HP) * p.num_splits + w.split;
-  const int S = p.num_splits, cols = p.cols, n = cols * S;
-  const int per_pass = T::kMergeStageBytes / (cols * kD * static_cast<int>(sizeof(float)));  // splits a pass holds
-  if (item + static_cast<int>(gridDim.x) < p.num_items || per_pass < 1) return false;
-  const int hq0 = w.h * p.ratio;
-  const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // head hd, split sp: row0 + hd S + sp
-  float* buf = reinterpret_cast<float*>(dynamic_smem());  // [hd][split of the pass][channel]
-  auto issue = [&](int s0) {  // thread 0: splits s0 .. s0 + per_pass - 1 of every column
-    const int ns = min(per_pass, S - s0);
-    fence_proxy_async();  // the other CTAs' partials (seen through the counter) and this CTA's reads of buf
-    mbar_arrive_expect_tx(&s.merge_full, static_cast<uint32_t>(cols * ns * kD * sizeof(float)));
-    for (int hd = 0; hd < cols; ++hd)
-      bulk_copy_g2s(buf + hd * ns * kD, p.ws_o + (row0 + (size_t)hd * S + s0) * kD,
-                    static_cast<uint32_t>(ns * kD * sizeof(float)), &s.merge_full);
-  };
-  if (L.tid == 0) issue(0);
-  // Weights exp2(m - max) / denominator per (column, split): m into wgt, l beside it.
-  float* wgt = &s.merge[0][0][0];
-  float* ls = wgt + n;
-  static_assert(sizeof(s.merge) >= 2 * kN * 128 * sizeof(float), "the merge buffer holds 8 heads x 128 splits of (m, l)");
-  for (int i = L.tid; i < n; i += kConsumerThreads) {
-    const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ws_ml + (row0 + i) * 2));
-    wgt[i] = ml.x, ls[i] = ml.y;
-  }
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  for (int hd = L.warp; hd < cols; hd += 4) {
-    float mx = kNegInf;
-    for (int sp = L.lane; sp < S; sp += 32) mx = fmaxf(mx, wgt[hd * S + sp]);
-    mx = reduce_lanes<32, true>(mx);
-    float den = 0.f;
-    for (int sp = L.lane; sp < S; sp += 32) {
-      const float m = wgt[hd * S + sp];  // a split with no tokens of this sequence weighs 0
-      const float e = m == kNegInf ? 0.f : exp2f(m - mx);
-      den = fmaf(e, ls[hd * S + sp], den);
-      wgt[hd * S + sp] = e;
-    }
-    den = reduce_lanes<32, false>(den);
-    for (int sp = L.lane; sp < S; sp += 32) wgt[hd * S + sp] /= den;
-  }
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  const int c = L.tid;
-  float acc[kN];
-#pragma unroll
-  for (int hd = 0; hd < kN; ++hd) acc[hd] = 0.f;
-  for (int s0 = 0, pass = 0; s0 < S; s0 += per_pass, ++pass) {
-    const int ns = min(per_pass, S - s0);
-    mbar_wait(&s.merge_full, pass & 1);
-    // Split by split, every column's value at once: independent loads, one FMA chain per column.
-#pragma unroll 2
-    for (int sp = 0; sp < ns; ++sp)
-#pragma unroll
-      for (int hd = 0; hd < kN; ++hd)
-        if (hd < cols) acc[hd] = fmaf(wgt[hd * S + s0 + sp], buf[(hd * ns + sp) * kD + c], acc[hd]);
-    if (s0 + per_pass < S) {
-      named_barrier(kConsumerBarrier, kConsumerThreads);  // this pass is read out
-      if (L.tid == 0) issue(s0 + per_pass);
-    }
-  }
-#pragma unroll
-  for (int hd = 0; hd < kN; ++hd)
-    if (hd < cols) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
-  named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
-  if (L.tid == 0) timeline_stamp(p, item, kTlMerged);
-  return true;
-}
-#endif
-
 // After every split of an item wrote its partials (o against its own maximum m, and l): the
 // last split of a (sequence, KV head) to arrive merges them all into the output and resets the
 // counter for the next launch.
 template <class T>
 __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w) {
   const int hq0 = w.h * p.ratio;
+#if !FOSCAR_RELEASE_COUNT
   __threadfence();
+#endif
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) {
     timeline_stamp<T>(p, w, kTlWritten);
     int* count = p.ws_count + (size_t)w.b * p.num_kv_heads + w.h;
+#if FOSCAR_RELEASE_COUNT
+    fence_acq_rel_gpu();  // the warpgroup's partials (ordered before it by the barrier) before the count
+#endif
     const int done = atomicAdd(count, 1);
     s.last_split = done == p.num_splits - 1;
     if (s.last_split) *count = 0;  // every split has counted: ready for the next launch
+#if FOSCAR_RELEASE_COUNT
+    if (s.last_split) fence_acq_rel_gpu();  // the other splits' partials before this CTA's loads
+#endif
     timeline_stamp<T>(p, w, kTlCounted);
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (!s.last_split) return;
+#if !FOSCAR_RELEASE_COUNT
   __threadfence();
-#if FOSCAR_MERGE_STAGED
-  if constexpr (T::kMergeStaged) {
-    if (merge_staged<T>(p, s, L, w)) return;
-  }
 #endif
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
   // Every split's m and l of a head are read once: the m into shared memory (s.merge, free by
   // now), then one warp per head turns them into weights exp2(m - max) / denominator as it reads
   // the l; then thread tid sums channel tid of every head over the splits with independent loads. (Each thread
@@ -1067,6 +979,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
     for (int sp = L.lane; sp < S; sp += 32) wgt[hd * S + sp] /= den;
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
   const int c = L.tid;
   float acc[kN];
 #pragma unroll
@@ -1098,15 +1011,12 @@ __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>:
     foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
   using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
   static_assert(!BLOCKS || T::kFlushBetweenBlocks, "only the kernels that flush between blocks run in blocks");
-  SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(dynamic_smem() + T::kMergePad);
+  SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(dynamic_smem());
   if (threadIdx.x == 0) {
     for (int i = 0; i < T::kStages; ++i) {
       mbar_init(&s.full[i], 1);   // the producer's arrive (and the copies' bytes)
       mbar_init(&s.empty[i], 4);  // one arrive per consumer warp
     }
-#if FOSCAR_MERGE_STAGED
-    if constexpr (T::kMergeStaged) mbar_init(&s.merge_full, 1);
-#endif
     mbar_init_fence();
     timeline_stamp(p, blockIdx.x, kTlEntry);  // before the barrier: the CTA's other stamps follow it
   }

@@ -112,7 +112,7 @@ int dispatch_bits(const FoscarDecodeArgs& a, void* s) {
 struct SmemQuery {  // dynamic shared memory per CTA
   template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
   static int run(const FoscarDecodeArgs&, void* answer) {
-    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kLaunchSmemBytes;
+    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kSmemBytes;
     return 0;
   }
 };

@@ -303,8 +303,10 @@ def test_timeline_knob_stamps_each_ctas_phases():
             assert (at["entry"] > 0) == (k == 0), (cta, k, at)
             done = ("item", "first_copy", "first_s", "last_trip", "folded", "stored", "written", "counted")
             assert all(at[n] > 0 for n in done), (cta, k, at)
-            consumer = [at[n] for n in (*done[:1], *done[2:], "merged") if at[n]]
+            merge = ("merge_fenced", "merge_weighted", "merged")
+            consumer = [at[n] for n in (*done[:1], *done[2:], *merge) if at[n]]
             assert consumer == sorted(consumer), (cta, k, at)
+            assert len({at[n] > 0 for n in merge}) == 1, (cta, k, at)  # the merge's stamps, all or none
             assert at["first_copy"] <= at["first_s"] and (k > 0 or at["entry"] <= min(at["item"], at["first_copy"]))
             written[item] = (at["written"], at["merged"])
     for head in range(2):  # items head * splits + split
@@ -313,10 +315,10 @@ def test_timeline_knob_stamps_each_ctas_phases():
 
 
 def test_timeline_needs_the_knob_and_the_launchs_size():
-    # 300 tokens, channel-wise: 4 packed chunks, so 2 splits of 2 on 2 CTAs (4 items x 10 phases each).
+    # 300 tokens, channel-wise: 4 packed chunks, so 2 splits of 2 on 2 CTAs (4 items x 12 phases each).
     seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=1, ratio=4)
     q, cache = _data(config, [300], 1, 4, seed)
     with pytest.raises(RuntimeError, match="FOSCAR_TIMELINE=1"):  # the default build records none
-        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(80, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"expected a contiguous torch.int64 tensor of 80 elements \(2 CTAs"):
-        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(80, dtype=torch.int32))
+        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(96, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"expected a contiguous torch.int64 tensor of 96 elements \(2 CTAs"):
+        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(96, dtype=torch.int32))
