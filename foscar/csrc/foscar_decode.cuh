@@ -174,12 +174,6 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PV_SPLIT
 #define FOSCAR_PV_SPLIT 2
 #endif
-// Lab: the split merge's counter taken with one thread's acq_rel fence after the warpgroup's
-// barrier (the splits' partials released, the merging CTA's loads acquired) instead of every
-// consumer thread's __threadfence, before the atomic and again in the merging CTA.
-#ifndef FOSCAR_RELEASE_COUNT
-#define FOSCAR_RELEASE_COUNT 0
-#endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
 #define FOSCAR_PAIR_STAGES_INT4 6
@@ -929,29 +923,19 @@ __device__ __forceinline__ void merge_columns(const DecodeParams& p, const float
 template <class T>
 __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w) {
   const int hq0 = w.h * p.ratio;
-#if !FOSCAR_RELEASE_COUNT
   __threadfence();
-#endif
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) {
     timeline_stamp<T>(p, w, kTlWritten);
     int* count = p.ws_count + (size_t)w.b * p.num_kv_heads + w.h;
-#if FOSCAR_RELEASE_COUNT
-    fence_acq_rel_gpu();  // the warpgroup's partials (ordered before it by the barrier) before the count
-#endif
     const int done = atomicAdd(count, 1);
     s.last_split = done == p.num_splits - 1;
     if (s.last_split) *count = 0;  // every split has counted: ready for the next launch
-#if FOSCAR_RELEASE_COUNT
-    if (s.last_split) fence_acq_rel_gpu();  // the other splits' partials before this CTA's loads
-#endif
     timeline_stamp<T>(p, w, kTlCounted);
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (!s.last_split) return;
-#if !FOSCAR_RELEASE_COUNT
   __threadfence();
-#endif
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
   // Every split's m and l of a head are read once: the m into shared memory (s.merge, free by
   // now), then one warp per head turns them into weights exp2(m - max) / denominator as it reads

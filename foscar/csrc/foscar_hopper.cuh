@@ -179,9 +179,6 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy accesses
 // (a wgmma reading a B tile that threads just stored).
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// A GPU-scope acquire-release fence: cumulative over what this thread observed, the CTA's
-// stores ordered before it by a barrier among them.
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 
 // ---- named barriers among a subset of the CTA's warps
 __device__ __forceinline__ void named_barrier(int id, int threads) {
