@@ -17,8 +17,9 @@ __device__ __forceinline__ uint64_t gtime() {
   return t;
 }
 
-template <int COLS, int UNROLL>
-__global__ void merge_probe(float* ws, int* count, float* out, uint64_t* stamps, int S, int write) {
+// Every CTA stores its COLS rows (when `write`), fences and counts; true in the last to count.
+template <int COLS>
+__device__ bool write_and_count(float* ws, int* count, int S, int write) {
   const int c = threadIdx.x;
   __shared__ int last;
   if (write) {
@@ -32,8 +33,14 @@ __global__ void merge_probe(float* ws, int* count, float* out, uint64_t* stamps,
     if (last) *count = 0;
   }
   __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (last) __threadfence();
+  return last;
+}
+
+template <int COLS, int UNROLL>
+__global__ void merge_probe(float* ws, int* count, float* out, uint64_t* stamps, int S, int write) {
+  const int c = threadIdx.x;
+  if (!write_and_count<COLS>(ws, count, S, write)) return;
   const uint64_t t0 = gtime();
   float acc[COLS] = {};
 #pragma unroll UNROLL
@@ -53,20 +60,7 @@ template <int UNROLL>
 __global__ void merge_probe_v4(float* ws, int* count, float* out, uint64_t* stamps, int S, int write) {
   constexpr int COLS = 4;
   const int c = threadIdx.x;
-  __shared__ int last;
-  if (write) {
-#pragma unroll
-    for (int hd = 0; hd < COLS; ++hd) ws[((size_t)hd * S + blockIdx.x) * 128 + c] = float(blockIdx.x + hd + c);
-  }
-  __threadfence();
-  __syncthreads();
-  if (c == 0) {
-    last = atomicAdd(count, 1) == S - 1;
-    if (last) *count = 0;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!write_and_count<COLS>(ws, count, S, write)) return;
   const uint64_t t0 = gtime();
   const int hd = c / 32, ch = 4 * (c % 32);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -86,25 +80,12 @@ __global__ void merge_probe_bulk(float* ws, int* count, float* out, uint64_t* st
   extern __shared__ __align__(128) float buf[];
   __shared__ __align__(8) uint64_t bar;
   const int c = threadIdx.x;
-  __shared__ int last;
-  if (write) {
-#pragma unroll
-    for (int hd = 0; hd < COLS; ++hd) ws[((size_t)hd * S + blockIdx.x) * 128 + c] = float(blockIdx.x + hd + c);
-  }
   const unsigned bar_s = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
   if (c == 0) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_s));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __threadfence();
-  __syncthreads();
-  if (c == 0) {
-    last = atomicAdd(count, 1) == S - 1;
-    if (last) *count = 0;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!write_and_count<COLS>(ws, count, S, write)) return;  // its barriers publish the init
   const uint64_t t0 = gtime();
   if (c == 0) {
     asm volatile("fence.proxy.async;" ::: "memory");
