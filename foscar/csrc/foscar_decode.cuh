@@ -174,6 +174,12 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PV_SPLIT
 #define FOSCAR_PV_SPLIT 2
 #endif
+// Lab: the one-head kernels' split merge loads the partials as float4, a warp per column, 8
+// splits in flight (one SM reads 64 KB of them in 2.1 us so, 5.0 us as 4-byte loads:
+// scripts/probe_merge_read.cu).
+#ifndef FOSCAR_MERGE_VEC4
+#define FOSCAR_MERGE_VEC4 0
+#endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
 #define FOSCAR_PAIR_STAGES_INT4 6
@@ -964,6 +970,29 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
+#if FOSCAR_MERGE_VEC4
+  if constexpr (T::HP == 1) {
+    // Warp w sums columns w, w + 4 over the splits, lane l channels 4 l .. 4 l + 3, as float4.
+    const int ch = 4 * L.lane;
+    for (int hd = L.warp; hd < p.cols; hd += 4) {
+      const float4* src = reinterpret_cast<const float4*>(p.ws_o + (row0 + (size_t)hd * S) * kD + ch);
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+      for (int sp = 0; sp < S; ++sp) {
+        const float4 v = __ldcg(src + (size_t)sp * (kD / 4));
+        const float wv = wgt[hd * S + sp];
+        acc.x = fmaf(wv, v.x, acc.x), acc.y = fmaf(wv, v.y, acc.y), acc.z = fmaf(wv, v.z, acc.z), acc.w = fmaf(wv, v.w, acc.w);
+      }
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y), hi = __floats2bfloat162_rn(acc.z, acc.w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo), packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) = packed;
+    }
+    named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
+    if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
+    return;
+  }
+#endif
   const int c = L.tid;
   float acc[kN];
 #pragma unroll

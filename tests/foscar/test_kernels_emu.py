@@ -212,6 +212,19 @@ def test_build_knobs_compute_the_same_function(knobs):
         assert err <= TOLERANCE, f"seed={seed} bits={bits} knobs={knobs}: {err:.2e}"
 
 
+def test_float4_merge_knob_gives_the_scalar_merges_output():
+    # Lab knob FOSCAR_MERGE_VEC4: the one-head kernels' split merge loads the partials as float4,
+    # a warp per column, in the same order of products per channel: the same output, bit for bit,
+    # at 13 splits (a remainder of the 8 in flight) and 4 columns, and at 8 columns (two per warp).
+    knob = ("-DFOSCAR_MERGE_VEC4=1",)
+    for bits, ratio in ((4, 4), (2, 8)):
+        seed, config, _, _, _ = _case(bits, 128, "channel", "token", batch=1, ratio=ratio)
+        q, cache = _data(config, [1500], 2, ratio, seed)
+        a = emu.decode(q, cache, num_splits=13, kv_heads_per_item=1)
+        b = emu.decode(q, cache, num_splits=13, kv_heads_per_item=1, defines=knob)
+        assert torch.equal(a, b), f"seed={seed} bits={bits} ratio={ratio}"
+
+
 def test_split_counters_return_to_zero_between_launches():
     # Two launches share one workspace, as on the GPU (foscar.kernels keeps one per device): the
     # split merge's arrival counters must be back at zero after each, or the next launch's merge
