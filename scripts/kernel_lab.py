@@ -25,7 +25,8 @@ the NVTX range `lab_<config>` for `ncu --nvtx --nvtx-include 'lab_4ct/'`, and sk
 check, runs one launch with L2 warm (after a warm-up) and one with L2 cold (after a write of
 4x L2), each recording each CTA's phases (%globaltimer, foscar_decode.cuh): a row per
 (CTA, item) of phase offsets in us from the earliest CTA entry, and per phase the median and
-max over CTAs, with the merging CTAs' merge times (merged - written). tick_ns is the smallest step between two stamps: the clock's resolution at best.
+max over CTAs, with the merging CTAs' merge times (merged - written). tick_ns is the smallest
+step between two stamps: the clock's resolution at best.
 Untimed; the table goes to --json, or is printed.
 """
 from __future__ import annotations

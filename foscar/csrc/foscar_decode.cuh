@@ -979,29 +979,25 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
         const float wv = wgt[hd * S + sp];
         acc.x = fmaf(wv, v.x, acc.x), acc.y = fmaf(wv, v.y, acc.y), acc.z = fmaf(wv, v.z, acc.z), acc.w = fmaf(wv, v.w, acc.w);
       }
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y), hi = __floats2bfloat162_rn(acc.z, acc.w);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const uint32_t*>(&lo), packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) = packed;
+      *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
+          make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
     }
-    named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
-    if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
-    return;
+  } else {
+    const int c = L.tid;
+    float acc[kN];
+#pragma unroll
+    for (int hd = 0; hd < kN; ++hd) acc[hd] = 0.f;
+    // 32 loads in flight either way. (One loop over 8 columns, each guarded by cols, 2 splits at a
+    // time, kept the loads of batch 1's 4 columns from overlapping: its merge took about 18 us of
+    // 46 at 32K and 19 of 79 at 128K; docs/PERFORMANCE.md, v10.)
+    if (p.cols <= kN / 2)
+      merge_columns<kN / 2, 8>(p, wgt, row0, S, c, acc);
+    else
+      merge_columns<kN, 4>(p, wgt, row0, S, c, acc);
+#pragma unroll
+    for (int hd = 0; hd < kN; ++hd)
+      if (hd < p.cols) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
   }
-  const int c = L.tid;
-  float acc[kN];
-#pragma unroll
-  for (int hd = 0; hd < kN; ++hd) acc[hd] = 0.f;
-  // 32 loads in flight either way. (One loop over 8 columns, each guarded by cols, 2 splits at a
-  // time, kept the loads of batch 1's 4 columns from overlapping: its merge took about 18 us of
-  // 46 at 32K and 19 of 79 at 128K; docs/PERFORMANCE.md, v10.)
-  if (p.cols <= kN / 2)
-    merge_columns<kN / 2, 8>(p, wgt, row0, S, c, acc);
-  else
-    merge_columns<kN, 4>(p, wgt, row0, S, c, acc);
-#pragma unroll
-  for (int hd = 0; hd < kN; ++hd)
-    if (hd < p.cols) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
   named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
 }
