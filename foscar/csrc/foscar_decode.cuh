@@ -174,12 +174,6 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PV_SPLIT
 #define FOSCAR_PV_SPLIT 2
 #endif
-// Lab: the one-head kernels' split merge loads the partials as float4, a warp per column, 8
-// splits in flight (one SM reads 64 KB of them in 2.1 us so, 5.0 us as 4-byte loads:
-// scripts/probe_merge_read.cu).
-#ifndef FOSCAR_MERGE_VEC4
-#define FOSCAR_MERGE_VEC4 0
-#endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
 #define FOSCAR_PAIR_STAGES_INT4 6
@@ -970,9 +964,11 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
-#if FOSCAR_MERGE_VEC4
   if constexpr (T::HP == 1) {
-    // Warp w sums columns w, w + 4 over the splits, lane l channels 4 l .. 4 l + 3, as float4.
+    // Warp w sums columns w, w + 4 over the splits, lane l channels 4 l .. 4 l + 3, as float4:
+    // one SM reads 64 KB of partials in 2.1 us so, in 5.0 us as 4-byte loads
+    // (scripts/probe_merge_read.cu), and batch 1 runs 2.5-10 % faster (docs/PERFORMANCE.md, v22).
+    // The paired kernels keep the 4-byte loads: a change to their merge reschedules their trips.
     const int ch = 4 * L.lane;
     for (int hd = L.warp; hd < p.cols; hd += 4) {
       const float4* src = reinterpret_cast<const float4*>(p.ws_o + (row0 + (size_t)hd * S) * kD + ch);
@@ -986,9 +982,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
       *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
           make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
     }
-  } else
-#endif
-  {
+  } else {
     const int c = L.tid;
     float acc[kN];
 #pragma unroll

@@ -95,9 +95,10 @@ def test_forced_splits_and_many_sequences(bits, k_mode, v_mode):
 
 
 def test_many_splits_leave_merge_remainders():
-    # The split merge loads 8 splits per step for items of 4 columns and 4 for items of 8: 13 and
-    # 17 splits leave a remainder in both, and some splits of the shorter sequence hold no token.
-    for bits, ratio, heads in ((4, 4, 1), (2, 4, 2)):
+    # The split merge loads 8 splits per step (the one-head kernels: float4, a warp per column,
+    # two columns a warp at 8 columns; the paired ones: 4 splits of 8 columns): 13 and 17 splits
+    # leave a remainder in each, and some splits of the shorter sequence hold no token.
+    for bits, ratio, heads in ((4, 4, 1), (2, 8, 1), (2, 4, 2)):
         seed, config, _, _, _ = _case(bits, 128, "channel", "token", batch=2, ratio=ratio)
         lens = [1500, 700]
         q, cache = _data(config, lens, 2, ratio, seed)
@@ -210,19 +211,6 @@ def test_build_knobs_compute_the_same_function(knobs):
         q, cache = _data(config, lens, 2, ratio, seed)
         err = _error(q, cache, lens, defines=knobs, kv_heads_per_item=heads)
         assert err <= TOLERANCE, f"seed={seed} bits={bits} knobs={knobs}: {err:.2e}"
-
-
-def test_float4_merge_knob_gives_the_scalar_merges_output():
-    # Lab knob FOSCAR_MERGE_VEC4: the one-head kernels' split merge loads the partials as float4,
-    # a warp per column, in the same order of products per channel: the same output, bit for bit,
-    # at 13 splits (a remainder of the 8 in flight) and 4 columns, and at 8 columns (two per warp).
-    knob = ("-DFOSCAR_MERGE_VEC4=1",)
-    for bits, ratio in ((4, 4), (2, 8)):
-        seed, config, _, _, _ = _case(bits, 128, "channel", "token", batch=1, ratio=ratio)
-        q, cache = _data(config, [1500], 2, ratio, seed)
-        a = emu.decode(q, cache, num_splits=13, kv_heads_per_item=1)
-        b = emu.decode(q, cache, num_splits=13, kv_heads_per_item=1, defines=knob)
-        assert torch.equal(a, b), f"seed={seed} bits={bits} ratio={ratio}"
 
 
 def test_split_counters_return_to_zero_between_launches():
