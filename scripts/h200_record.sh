@@ -5,6 +5,10 @@
 #   STAGES="accuracy" bash scripts/h200_record.sh            the error at 4K-256K tokens, every mode
 #   STAGES="paper alu" bash scripts/h200_record.sh           every backend at the paper point
 #   STAGES="full" RESUME=<run id> bash scripts/h200_record.sh  the full grid, resumable
+#   STAGES="tests grid paper accuracy floor alu" FOSCAR_GIT_SHA=<sha> BACKENDS_PAPER=foscar-int4,foscar-int2 \
+#     ALU_BACKENDS=foscar-int4,foscar-int2 bash scripts/h200_record.sh
+#                                 a kernel version through the harness in one call (about 4 minutes):
+#                                 the 16-case grid (runs grid-h200-<sha>, paper-h200-<sha>) and its read floor
 #   STAGES="ceiling nvfp4" bash scripts/h200_record.sh       the searched read ceiling; FlashInfer NVFP4 vs its own timer
 #   STAGES="bdbuild bdprobe" bash scripts/h200_record.sh     build BitDecoding (carried in .bitdecoding/), probe INT4/INT2
 # With .bitdecoding/build present (bdbuild), `paper` times BitDecoding too. The `ceiling`
@@ -19,7 +23,11 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=. FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-$PWD
 OUT=${OUT:-out}; W=$OUT/record; mkdir -p "$W"
 LOG=$OUT/record.log
 STAGES=${STAGES:-tests lab profile}
-pack() { tar -C "$OUT" -czf "$OUT/record.tar.gz" record; }  # after every stage: a cut-off call keeps the rest
+SHA=${FOSCAR_GIT_SHA:-local}
+checkpoint() {  # fold each store's write-ahead log into it, so that the tarball holds whole databases
+    for db in "$W"/*.sqlite; do [[ -e $db ]] && python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('pragma wal_checkpoint(TRUNCATE)')" "$db"; done
+}
+pack() { checkpoint; tar -C "$OUT" -czf "$OUT/record.tar.gz" record; }  # after every stage: a cut-off call keeps the rest
 trap pack EXIT
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -30,7 +38,9 @@ smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.d
 echo "== start $(date -u +%FT%TZ) stages: $STAGES; $(smi)" | tee "$LOG"
 
 LAB_VARIANTS=${LAB_VARIANTS:-"v7="}  # c2, c4 and deeper rings lost (docs/PERFORMANCE.md)
-BACKENDS_PAPER=flashinfer-bf16-tc,flashinfer-bf16,flashinfer-fp8,trtllm-xqa-fp8,flashinfer-nvfp4-tc,trtllm-nvfp4,bitdecoding-int4,bitdecoding-int2,foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2
+BACKENDS_PAPER=${BACKENDS_PAPER:-flashinfer-bf16-tc,flashinfer-bf16,flashinfer-fp8,trtllm-xqa-fp8,flashinfer-nvfp4-tc,trtllm-nvfp4,bitdecoding-int4,bitdecoding-int2,foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2}
+ALU_BACKENDS=${ALU_BACKENDS:-foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2,flashinfer-bf16-tc,trtllm-xqa-fp8}
+GRID_KV=${GRID_KV:-4096,16384,32768,131072}  # the 16 cases issue 11's geo-means are taken over
 BACKENDS_FULL=${BACKENDS_FULL:-flashinfer-bf16-tc,trtllm-xqa-fp8,foscar-int4,foscar-int2}
 
 [[ -z "${CEILING:-}" && -s "$FOSCAR_CACHE_DIR/ceiling.json" ]] && CEILING=$FOSCAR_CACHE_DIR/ceiling.json
@@ -40,7 +50,7 @@ for stage in $STAGES; do
     case $stage in
     tests)  # the kernels' and the harness's GPU tests, default build
         timeout 240 python3 -m pytest -q -p no:cacheprovider tests/foscar/test_kernels_gpu.py \
-            tests/foscar/test_cache_gpu.py tests/suite/test_gpu.py 2>&1 | tee "$W/pytest_gpu.txt" | tail -15 | tee -a "$LOG" ;;
+            tests/foscar/test_cache_gpu.py tests/suite/test_gpu.py tests/suite/test_readfloor.py 2>&1 | tee "$W/pytest_gpu.txt" | tail -15 | tee -a "$LOG" ;;
     lab)    # build variants, check each at the headline shape, time them interleaved; then every mode
         VARIANTS="$LAB_VARIANTS" CONFIGS=4ct,2ct OUT="$W/lab" LAB_TIMEOUT=200 bash scripts/h200_lab.sh 2>&1 | tail -14 | tee -a "$LOG"
         VARIANTS="v7=" CONFIGS=4tt,4tc,4cc,2tt,2tc,2cc,4ctd,2ctd OUT="$W/modes" LAB_TIMEOUT=200 \
@@ -52,15 +62,21 @@ for stage in $STAGES; do
         timeout 300 python3 scripts/accuracy_long.py --bits 2,4 --modes ct,tt,tc,cc --kv-len 4k,32k,128k,256k \
             --batch 1 --json "$W/acc_b1.json" 2>&1 | tail -34 | tee -a "$LOG" ;;
     paper)
-        timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" ${PAPER_RUN:+--run-id "$PAPER_RUN"} \
+        timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" --run-id "${PAPER_RUN:-paper-h200-$SHA}" \
             ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
     alu)
         RUN=$(python3 -c "from core.store import ResultStore; print(ResultStore('$W/paper.sqlite', readonly=True).latest_run())")
-        timeout 240 python3 -m suite alu -b foscar-int4,foscar-int2,foscar-dequant-int4,foscar-dequant-int2,flashinfer-bf16-tc,trtllm-xqa-fp8 \
+        timeout 240 python3 -m suite alu -b "$ALU_BACKENDS" \
             --batch 128 --kv-len 32768 --iters 2 --run "$RUN" --db "$W/paper.sqlite" --json-out "$W/alu.json" 2>&1 | tail -16 | tee -a "$LOG" ;;
     full)
         timeout 540 python3 -m suite sweep --preset full --backends "$BACKENDS_FULL" --db "$W/full.sqlite" \
             ${RESUME:+--resume "$RESUME"} ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -20 | tee -a "$LOG" ;;
+    grid)  # the 16 cases of issue 11's geo-means, every backend that has them
+        timeout 400 python3 -m suite sweep --preset full --kv-len "$GRID_KV" --backends "$BACKENDS_FULL" --db "$W/grid.sqlite" \
+            --run-id "grid-h200-$SHA" ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
+    floor)  # the fastest cold read of each grid case's bytes: what bounds the geo-means (docs/MEASUREMENT.md)
+        timeout 200 python3 -m suite ceiling --floor --db "$W/grid.sqlite" --run "grid-h200-$SHA" \
+            --json-out "$W/floor_h200_grid_$SHA.json" 2>&1 | tail -24 | tee -a "$LOG" ;;
     ceiling)  # the read ceiling, searched over kernels and launch shapes, with its spread
         timeout 300 python3 -m suite ceiling --json "$W/ceiling.json" 2>&1 | tail -14 | tee -a "$LOG"
         # later stages, and later calls on the same machine, reuse it
@@ -73,7 +89,7 @@ for stage in $STAGES; do
     bdprobe)  # its error against unquantized attention beside plain min-max, and its cache read back
         timeout 420 python3 scripts/bitdecoding_probe.py --json "$W/bitdecoding_probe.json" 2>&1 | grep -v '^{' \
             | tee -a "$LOG" ;;
-    *) echo "unknown stage $stage (tests lab profile accuracy paper alu full ceiling nvfp4 bdbuild bdprobe)" | tee -a "$LOG" ;;
+    *) echo "unknown stage $stage (tests lab profile accuracy paper alu full grid floor ceiling nvfp4 bdbuild bdprobe)" | tee -a "$LOG" ;;
     esac
     pack
 done
