@@ -237,3 +237,41 @@ def test_the_planner_picks_split_counts_measured_near_the_best():
                 judged += 1
                 assert times[plan.num_splits] <= 1.06 * min(times.values()), (name, batch, kv_len, plan, times)
     assert judged >= 8
+
+
+@pytest.mark.parametrize("batch,heads,ctas,max_chunks", [(128, 2, 3, 512), (128, 2, 4, 2048), (32, 2, 3, 2048),
+                                                         (1, 1, 3, 2048), (8, 1, 4, 64), (1, 1, 3, 300000)])
+def test_the_balanced_plan_gives_each_rank_of_every_sm_a_split(batch, heads, ctas, max_chunks):
+    # One CTA per (SM, rank): an item splits once per rank (m times where the items are fewer
+    # than the SMs), rank r's splits 1 / (1 + 0.1 r) of rank 0's, none over what stays exact.
+    plan = kernels.plan_balanced(batch, 8, max_chunks, num_sms=132, ctas_per_sm=ctas, kv_heads_per_item=heads,
+                                 balance=0.1, max_item_chunks=2048)
+    items = batch * 8 // heads
+    assert plan.num_ctas == 132 * ctas and plan.num_splits == ctas * plan.rank_m
+    assert plan.rank_m >= max(1, 132 // items) and plan.num_splits <= kernels.MAX_FORCED_SPLITS
+    assert plan.rank_weights == tuple(round(1024 / (1 + 0.1 * r)) for r in range(ctas))
+    longest = max_chunks * plan.rank_weights[0] / (plan.rank_m * sum(plan.rank_weights))
+    assert plan.chunks_per_split == max(1, -(-max_chunks * plan.rank_weights[0] // (plan.rank_m * sum(plan.rank_weights))))
+    assert longest <= 2048 or plan.num_splits + ctas > kernels.MAX_FORCED_SPLITS
+
+
+@pytest.mark.parametrize("kwargs,needle", [(dict(balance=-0.5), "balance=-0.5"), (dict(balance="x"), "balance='x'"),
+                                           (dict(ctas_per_sm=5), "1 to 4 CTAs per SM")])
+def test_a_bad_balanced_plan_is_refused(kwargs, needle):
+    args = dict(batch=128, num_kv_heads=8, max_chunks=512, num_sms=132, ctas_per_sm=3, kv_heads_per_item=2,
+                balance=0.1) | kwargs
+    with pytest.raises(ValueError, match=needle):
+        kernels.plan_balanced(**args)
+
+
+def test_the_balanced_order_and_forced_splits_are_refused_together():
+    k = torch.randn(2, 300, 8, 128, dtype=torch.bfloat16)
+    cache = foscar.quantize(k, k.clone(), [300, 200], QuantConfig(bits=4, group_size=128, page_size=128))
+    q = torch.randn(2, 32, 128, dtype=torch.bfloat16)
+    args = dict(sm_scale=None, variant="fold", num_sms=132, ctas_per_sm=3,
+                workspace=lambda *n: [torch.zeros(max(x, 1)) for x in n])
+    with pytest.raises(ValueError, match="pass one of them"):
+        kernels.launch_args(q, cache, torch.empty_like(q), num_splits=2, balance=0.1, **args)
+    a = kernels.launch_args(q, cache, torch.empty_like(q), num_splits=None, balance=0.1, **args)
+    assert (a.rank_sms, a.rank_ctas, a.num_ctas, a.num_splits) == (132, 3, 396, 3 * a.rank_m)
+    assert list(a.rank_weight)[:3] == [1024, 931, 853] and a.plan_chunks == 4  # 256 packed tokens
