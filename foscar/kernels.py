@@ -21,10 +21,6 @@ CTAS_PER_SM = 3  # the planner's default; a launch asks the library's foscar_cta
 CHUNK_TOKENS = 64
 MAX_SPLITS = 64  # the planner's, where MAX_ITEM_CHUNKS does not ask for more
 MAX_FORCED_SPLITS = 128  # the kernels' (foscar_dispatch.h: the split merge's shared-memory weights)
-# The balanced order (foscar_decode.cuh, ItemOrder): at most this many CTAs per SM, and the claims'
-# counters it keeps after the arrival counters in the workspace (FOSCAR_RANK_COUNTERS).
-MAX_RANKS = 4
-RANK_COUNTERS = 256 + MAX_RANKS + 1
 # The longest split, in chunks, by bit width. Until v16 an item kept its token-wise V offsets and
 # the injection's bias (1024 sum p~ / f) in its fp32 output until it ended, so the error grew with
 # the item (INT2 5.2e-3 at 128K tokens, over the gate's 4e-3) and splits were held to 32K tokens
@@ -62,9 +58,6 @@ class _Args(ctypes.Structure):
         ("num_ctas", ctypes.c_int32), ("kv_heads_per_item", ctypes.c_int32),
         ("sm_scale", ctypes.c_float), ("device", ctypes.c_int32),
         ("timeline", ctypes.c_void_p),
-        ("rank_sms", ctypes.c_int32), ("rank_ctas", ctypes.c_int32), ("rank_m", ctypes.c_int32),
-        ("rank_weight", ctypes.c_int32 * MAX_RANKS), ("plan_chunks", ctypes.c_int32),
-        ("ws_rank", ctypes.c_void_p),
     ]
 
 
@@ -113,11 +106,6 @@ class LaunchPlan:
     num_splits: int
     chunks_per_split: int
     num_ctas: int
-    max_chunks: int = 0  # the longest sequence's chunks the plan was made for (0: not recorded)
-    # The balanced order (plan_balanced): splits per rank of an item, and a split's length per
-    # CTA rank on an SM; 0 and () for the plain order.
-    rank_m: int = 0
-    rank_weights: tuple[int, ...] = ()
 
 
 # Two KV heads per item (where the library can pair them) from this many (sequence, KV head)
@@ -157,29 +145,8 @@ def plan_launch(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int,
         rounds = math.ceil(items / ctas)
         cost = rounds * (per_split + ITEM_OVERHEAD_CHUNKS) + (MERGE_CHUNKS if used > 1 else 0.0)
         if best is None or cost < best[0] - 1e-9:
-            best = (cost, LaunchPlan(used, per_split, ctas, max_chunks))
+            best = (cost, LaunchPlan(used, per_split, ctas))
     return best[1]
-
-
-def plan_balanced(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int, ctas_per_sm: int,
-                  kv_heads_per_item: int, balance: float, max_item_chunks: int = MAX_ITEM_CHUNKS[2]) -> LaunchPlan:
-    """The balanced order's plan (foscar_decode.cuh, ItemOrder): one CTA per (SM, rank), every
-    item split once per rank (m times where the items are fewer than the SMs, or where a split
-    would pass `max_item_chunks`), a split of rank r weighing 1 / (1 + balance r) of rank 0's,
-    so that the CTAs an SM favours take the longer splits. balance 0: equal splits."""
-    if not 1 <= ctas_per_sm <= MAX_RANKS:
-        raise ValueError(f"the balanced order weighs 1 to {MAX_RANKS} CTAs per SM; this kernel holds {ctas_per_sm}")
-    if not (isinstance(balance, (int, float)) and 0.0 <= balance <= 4.0):
-        raise ValueError(f"balance={balance!r} is not a rank weight slope; pass a number from 0 to 4 "
-                         f"(a rank-r split weighs 1 / (1 + balance r)), or None for the plain order.")
-    weights = tuple(max(1, round(1024 / (1.0 + balance * r))) for r in range(ctas_per_sm))
-    items = batch * (num_kv_heads // kv_heads_per_item)
-    max_chunks = max(1, max_chunks)
-    m = max(1, num_sms // items)
-    while ctas_per_sm * (m + 1) <= MAX_FORCED_SPLITS and math.ceil(max_chunks * weights[0] / (m * sum(weights))) > max_item_chunks:
-        m += 1
-    longest = max(1, math.ceil(max_chunks * weights[0] / (m * sum(weights))))
-    return LaunchPlan(ctas_per_sm * m, longest, num_sms * ctas_per_sm, max_chunks, m, weights)
 
 
 # How an item's trips run (foscar_decode.cuh: DecodeShape::kFlushBetweenBlocks, decode_kernel_for):
@@ -283,8 +250,7 @@ def launch_plan(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int = CTAS_P
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
            out: torch.Tensor | None = None, variant: str = "fold",
            num_splits: int | None = None, library: ctypes.CDLL | None = None,
-           kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
-           balance: float | None = None) -> torch.Tensor:
+           kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step of attention for q [batch, num_q_heads, head_dim] (BF16) over `cache`.
 
     Returns BF16 [batch, num_q_heads, head_dim]. `variant="dequant"` runs the ablation that
@@ -294,8 +260,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     `kv_heads_per_item` (1 or 2) overrides the planner's pairing of KV heads (tests).
     `timeline`, with a library built with -DFOSCAR_TIMELINE=1 only, receives the launch's
     per-CTA phase stamps: zeroed int64 on q's device, TIMELINE_ITEMS x len(TIMELINE_PHASES) per
-    CTA of decode_plan(...).num_ctas (scripts/kernel_lab.py --timeline). `balance` runs the
-    balanced order (plan_balanced: a split per CTA rank, rank r's 1 / (1 + balance r) of rank 0's).
+    CTA of decode_plan(...).num_ctas (scripts/kernel_lab.py --timeline).
     """
     _check_inputs(q, cache, out, variant)
     lib = library or load_library()
@@ -306,8 +271,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
                        num_sms=num_sms, ctas_per_sm=lib.foscar_ctas_per_sm,
                        max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                        kv_heads_per_item=kv_heads_per_item,
-                       workspace=lambda *sizes: _workspace(q.device, *sizes), device=device, timeline=timeline,
-                       balance=balance)
+                       workspace=lambda *sizes: _workspace(q.device, *sizes), device=device, timeline=timeline)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     if lib.foscar_decode(ctypes.byref(args), ctypes.c_void_p(stream)) != 0:
         _workspaces.pop(q.device, None)  # a failed launch may leave counters behind: start afresh
@@ -316,15 +280,14 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
 
 
 def decode_plan(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str = "fold", num_splits: int | None = None,
-                library: ctypes.CDLL | None = None, kv_heads_per_item: int | None = None,
-                balance: float | None = None) -> LaunchPlan:
+                library: ctypes.CDLL | None = None, kv_heads_per_item: int | None = None) -> LaunchPlan:
     """The plan decode() launches with the same arguments (its num_ctas sizes a timeline)."""
     lib = library or load_library()
     return resolve_plan(cache, q.shape[1], variant=variant, num_splits=num_splits,
                         num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count,
                         ctas_per_sm=lib.foscar_ctas_per_sm,
                         max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
-                        kv_heads_per_item=kv_heads_per_item, balance=balance)[1]
+                        kv_heads_per_item=kv_heads_per_item)[1]
 
 
 def timeline_entries(num_ctas: int) -> int:
@@ -340,10 +303,9 @@ def kernel_instance(cfg: QuantConfig, variant: str) -> tuple[int, int, int, int,
 
 def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num_splits: int | None, num_sms: int,
                  ctas_per_sm: int | Callable[..., int], max_kv_heads_per_item: int = 1,
-                 kv_heads_per_item: int | None = None, balance: float | None = None) -> tuple[int, LaunchPlan]:
-    """The KV heads per item and the plan of one launch: the planner's, its chunks over a
-    forced `num_splits`, or the balanced order's (`balance`, plan_balanced). `ctas_per_sm` as
-    in launch_args."""
+                 kv_heads_per_item: int | None = None) -> tuple[int, LaunchPlan]:
+    """The KV heads per item and the plan of one launch: the planner's, or its chunks over a
+    forced `num_splits`. `ctas_per_sm` as in launch_args."""
     cfg = cache.config
     instance = kernel_instance(cfg, variant)
     if kv_heads_per_item is None:
@@ -359,12 +321,6 @@ def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num
                              f"{cfg.group_size}, K {cfg.k_mode}-wise, V {cfg.v_mode}-wise with {kv_heads_per_item} "
                              f"KV head(s) per item; check foscar.kernels.unsupported_reason first.")
     plan = _plan_cached(cache, num_sms, ctas_per_sm, kv_heads_per_item)
-    if balance is not None:
-        if num_splits is not None:
-            raise ValueError(f"num_splits={num_splits!r} and balance={balance!r}: the balanced order sets its own "
-                             f"splits (one per CTA rank); pass one of them.")
-        return kv_heads_per_item, plan_balanced(cache.batch, cache.num_kv_heads, plan.max_chunks, num_sms, ctas_per_sm,
-                                                kv_heads_per_item, balance, MAX_ITEM_CHUNKS[cfg.bits])
     if num_splits is None:
         return kv_heads_per_item, plan
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_FORCED_SPLITS:
@@ -380,14 +336,13 @@ def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num
             f"the {cfg.bits}-bit kernels hold the gate's accuracy up to {longest} chunks a split: pass at "
             f"least {math.ceil(max_chunks / longest)}, or None for the automatic plan.")
     ctas = min(cache.batch * (cache.num_kv_heads // kv_heads_per_item) * splits, num_sms * ctas_per_sm)
-    return kv_heads_per_item, LaunchPlan(splits, per_split, ctas, plan.max_chunks)
+    return kv_heads_per_item, LaunchPlan(splits, per_split, ctas)
 
 
 def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, sm_scale: float | None,
                 variant: str, num_splits: int | None, num_sms: int, ctas_per_sm: int | Callable[..., int],
                 workspace, device: int = 0, max_kv_heads_per_item: int = 1,
-                kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
-                balance: float | None = None) -> _Args:
+                kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None) -> _Args:
     """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
 
     `ctas_per_sm` is a count, or the library's foscar_ctas_per_sm, asked for the kernel instance
@@ -403,7 +358,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     kv_heads_per_item, plan = resolve_plan(cache, num_q_heads, variant=variant, num_splits=num_splits,
                                            num_sms=num_sms, ctas_per_sm=ctas_per_sm,
                                            max_kv_heads_per_item=max_kv_heads_per_item,
-                                           kv_heads_per_item=kv_heads_per_item, balance=balance)
+                                           kv_heads_per_item=kv_heads_per_item)
     splits, per_split, ctas = plan.num_splits, plan.chunks_per_split, plan.num_ctas
     if timeline is not None and not (isinstance(timeline, torch.Tensor) and timeline.dtype == torch.int64
                                      and timeline.device == q.device and timeline.is_contiguous()
@@ -413,10 +368,8 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         raise ValueError(f"timeline has {got}; expected a contiguous torch.int64 tensor of {timeline_entries(ctas)} "
                          f"elements ({ctas} CTAs x {TIMELINE_ITEMS} items x {len(TIMELINE_PHASES)} phases) on "
                          f"{q.device}.")
-    n_count = batch * cache.num_kv_heads  # the merge's arrival counters, then the balanced order's claims
     ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
-                                      n_count + RANK_COUNTERS)
-    ranks = len(plan.rank_weights)
+                                      batch * cache.num_kv_heads)
     return _Args(
         q.data_ptr(), out.data_ptr(), cache.k_codes.data_ptr(), cache.v_codes.data_ptr(),
         cache.k_params.data_ptr(), cache.v_params.data_ptr(), cache.page_table.data_ptr(),
@@ -426,8 +379,6 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         *kernel_instance(cfg, variant), cfg.page_size, cache.page_table.shape[1],
         splits, per_split, ctas, kv_heads_per_item, scale, device,
         None if timeline is None else timeline.data_ptr(),
-        num_sms if ranks else 0, ranks, plan.rank_m, (ctypes.c_int32 * MAX_RANKS)(*plan.rank_weights),
-        max(plan.max_chunks, 1) if ranks else splits * per_split, ws_count.data_ptr() + 4 * n_count,
     )
 
 

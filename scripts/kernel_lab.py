@@ -16,8 +16,7 @@ interpolated, bytes from core.bytes_model. So "passed", p10 and TB/s mean here w
 mean in the sweep and in docs/PERFORMANCE.md. A variant that fails the check is not timed.
 `--rounds N` lets the variants take turns N times (clock drift then hits all alike).
 `--splits 8,16,32` times each variant with those split counts forced (NAME/s8, ...) instead of
-the launch plan's. `--balance 0,0.1` times each in the balanced order with those slopes
-(NAME/b0, NAME/b0.1: foscar.kernels.plan_balanced), `-` in the list the plain order.
+the launch plan's.
 
 `--prebuilt NAME=PATH` adds a library built elsewhere (another commit's libfoscar.so, its
 cache directory carried to the box) as a variant, so that one call compares two trees' kernels;
@@ -130,10 +129,9 @@ def profile(case, backend, ctx, spec: str) -> None:
 TIMELINE_KNOB = "-DFOSCAR_TIMELINE=1"
 
 
-def timeline_table(stamps: list, plain_order: bool = True) -> dict:
+def timeline_table(stamps: list) -> dict:
     """The per-CTA table and summary of one launch's stamps ([cta][k][phase], ns, 0 not
-    reached): offsets in us from the earliest CTA entry. The item column is the plain order's
-    (CTA + k * grid); None in the balanced order, whose CTAs claim their items."""
+    reached): offsets in us from the earliest CTA entry."""
     from foscar.kernels import TIMELINE_PHASES
 
     entry, written, merged = (TIMELINE_PHASES.index(n) for n in ("entry", "written", "merged"))
@@ -148,7 +146,7 @@ def timeline_table(stamps: list, plain_order: bool = True) -> dict:
         for k, row in enumerate(items):
             if not any(row):
                 continue
-            rows.append([cta, k, cta + k * grid if plain_order else None, *map(us, row)])
+            rows.append([cta, k, cta + k * grid, *map(us, row)])
             for phase, t in enumerate(row):
                 if t:
                     per_phase[phase].append(us(t))
@@ -180,7 +178,7 @@ def timeline(case, backend, ctx, spec: str) -> dict | None:
     if not isinstance(cache, QuantizedKVCache):
         raise SystemExit(f"{backend.name}: its prepared step keeps no foscar cache first; see baselines/foscar.py")
     launch = dict(variant=backend.variant, num_splits=backend.num_splits, library=backend.library,
-                  kv_heads_per_item=backend.kv_heads_per_item, balance=backend.balance)
+                  kv_heads_per_item=backend.kv_heads_per_item)
     plan = kernels.decode_plan(source.q, cache, **launch)
     stamps = torch.zeros(kernels.timeline_entries(plan.num_ctas), dtype=torch.int64, device=source.q.device)
     l2 = torch.cuda.get_device_properties(source.q.device).L2_cache_size
@@ -195,7 +193,7 @@ def timeline(case, backend, ctx, spec: str) -> dict | None:
         stamps.zero_()
         kernels.decode(source.q, cache, sm_scale=source.sm_scale, out=prepared.out, timeline=stamps, **launch)
         torch.cuda.synchronize()
-        table = timeline_table(stamps.view(shape).tolist(), plain_order=backend.balance is None)
+        table = timeline_table(stamps.view(shape).tolist())
         if state == "warm":
             out.update(table)  # the warm launch at the top level, as before
         else:
@@ -268,9 +266,6 @@ def main() -> int:
     ap.add_argument("--heads-per-item", default=None,
                     help="comma list of KV heads per item to force (1, 2), each a variant of its own, NAME/h1, "
                          "NAME/h2; default: the planner's")
-    ap.add_argument("--balance", default=None,
-                    help="comma list of balanced-order slopes (each a variant of its own, NAME/bX; `-` the plain "
-                         "order); default: the plain order")
     ap.add_argument("--max-item-chunks", type=int, default=None,
                     help="lift the planner's longest split (foscar.kernels.MAX_ITEM_CHUNKS, both widths) so that "
                          "--splits may force longer ones, to measure what the limit guards")
@@ -301,10 +296,6 @@ def main() -> int:
     if any(n is not None and n < 1 for n in splits):
         raise SystemExit(f"--splits {args.splits!r}: split counts must be >= 1")
     heads = parse_heads(args.heads_per_item)
-    try:
-        balances = [None] if not args.balance else [None if b == "-" else float(b) for b in args.balance.split(",")]
-    except ValueError:
-        raise SystemExit(f"--balance {args.balance!r}: expected a comma list of numbers or -, e.g. -,0,0.1") from None
     cases = {spec: make_case(args, spec) for spec in specs}  # a bad config fails before any build
 
     from baselines.foscar import FoscarVariant
@@ -315,7 +306,6 @@ def main() -> int:
         from foscar import kernels
         kernels.MAX_ITEM_CHUNKS = {bits: args.max_item_chunks for bits in kernels.MAX_ITEM_CHUNKS}
     libs = build_variants(variants)
-    prebuilt = set()  # another tree's libraries run the plain order only
     for spec in args.prebuilt:
         name, _, path = spec.partition("=")
         if not name or not path:
@@ -325,18 +315,15 @@ def main() -> int:
         from foscar import kernels
         libs[name] = kernels.bind(ctypes.CDLL(path), "foscar")
         variants.append((name, ()))
-        prebuilt.add(name)
     ctx = make_context("0", {"read_ceiling": False})
     rows, timelines = [], []
     for spec in specs:
         case = cases[spec]
         kernel_variant = parse_config(spec)[3]
-        backends = [FoscarVariant(name + ("" if n is None else f"/s{n}") + ("" if h is None else f"/h{h}")
-                                  + ("" if bal is None else f"/b{bal:g}"),
+        backends = [FoscarVariant(name + ("" if n is None else f"/s{n}") + ("" if h is None else f"/h{h}"),
                                   case.bits, libs[name], variant=kernel_variant, defines=defines, num_splits=n,
-                                  kv_heads_per_item=h, balance=bal)
-                    for name, defines in variants for n in splits for h in heads
-                    for bal in (balances if name not in prebuilt else [None])]
+                                  kv_heads_per_item=h)
+                    for name, defines in variants for n in splits for h in heads]
         if args.profile:
             for backend in backends:
                 profile(case, backend, ctx, spec)

@@ -43,21 +43,7 @@ typedef struct FoscarDecodeArgs {
   uint64_t* timeline;     /* lab knob FOSCAR_TIMELINE only (foscar_decode.cuh): int64 [num_ctas,
                            * kTimelineItems, kTimelinePhases] of %globaltimer stamps, zeroed by the
                            * caller; NULL otherwise */
-  /* The balanced order (foscar_decode.cuh, "The balanced order"): rank_ctas > 0 makes each CTA
-   * claim its rank among the CTAs of its SM (0 the first to arrive) and take splits whose length
-   * follows its rank's weight. rank_ctas 0: the plain order (CTA c takes items c, c + num_ctas, ...). */
-  int32_t rank_sms;       /* SMs the grid covers: num_ctas == rank_sms * rank_ctas */
-  int32_t rank_ctas;      /* CTAs per SM, 1..4 (FOSCAR_MAX_RANKS), or 0 */
-  int32_t rank_m;         /* splits of an item per rank: num_splits == rank_ctas * rank_m */
-  int32_t rank_weight[4]; /* a split's length per rank, relative (> 0) */
-  int32_t plan_chunks;    /* the chunks of the longest sequence when planned (early page reads) */
-  int32_t* ws_rank;       /* int32 [FOSCAR_RANK_COUNTERS], zero before the first launch (kept zero) */
 } FoscarDecodeArgs;
-
-#define FOSCAR_MAX_RANKS 4
-/* Per-SM arrivals (by %smid, modulo 256), then per-rank claims, then CTAs that have claimed. */
-#define FOSCAR_RANK_SM_SLOTS 256
-#define FOSCAR_RANK_COUNTERS (FOSCAR_RANK_SM_SLOTS + FOSCAR_MAX_RANKS + 1)
 
 /* Launches the decode on `stream` (splits of one sequence merge in the same launch). Returns 0
  * on success; otherwise foscar_last_error() says what was wrong. */

@@ -449,7 +449,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
     if (L.g == 0) s.red[L.warp][2 * L.t + hh][0] = sm.m[hh], s.red[L.warp][2 * L.t + hh][1] = l;
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
-  if (L.tid == 0) timeline_stamp(p, w, kTlFolded);
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlFolded);
   // Columns in passes of four (the real ones, cols: 1, 2, 4 or 8): each warp's output against
   // the maximum over the warps into the merge buffer, then thread tid sums channel tid of each.
   const int hq0 = w.h * p.ratio, c = L.tid;
@@ -502,10 +502,10 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
       for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) sum_column(hd);
     }
   }
-  if (L.tid == 0) timeline_stamp(p, w, kTlStored);  // thread 0's stores issued (the others' may trail)
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlStored);  // thread 0's stores issued (the others' may trail)
   if (p.num_splits == 1) {
     named_barrier(kConsumerBarrier, kConsumerThreads);  // s.red and s.merge are read out before the next item
-    if (L.tid == 0) timeline_stamp(p, w, kTlWritten);
+    if (L.tid == 0) timeline_stamp<T>(p, w, kTlWritten);
     return;
   }
   merge_splits<T>(p, s, L, w);
@@ -514,12 +514,12 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
 // The consumer warpgroup: the items of this CTA, chunk by chunk; BLOCKS: the trips in blocks
 // of kVFlushTrips.
 template <class T, class KSide, class VSide, bool BLOCKS>
-__device__ void consume(const DecodeParams& p, SharedStorage<T>& s, const ItemOrder& order) {
+__device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
   const Lane L(threadIdx.x - 128, p.ratio, T::HP);
   RingCursor<T> ring;  // the current trip's stages
-  for (int combo = order.first, k = 0; combo < order.limit; combo += order.stride, ++k) {
-    const WorkItem w = work_item<T>(p, order.item(p.num_splits, combo), k);
-    if (L.tid == 0) timeline_stamp(p, w, kTlItem);
+  for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
+    const WorkItem w = work_item<T>(p, item);
+    if (L.tid == 0) timeline_stamp(p, item, kTlItem);
     KSide ks;
     VSide vs;
     WarpSoftmax sm;
@@ -529,7 +529,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s, const ItemOr
     SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
     if (w.chunk_end > w.chunk_begin) {
       ss.first();
-      if (L.tid == 0) timeline_stamp(p, w, kTlFirstS);
+      if (L.tid == 0) timeline_stamp(p, item, kTlFirstS);
       ss.release();
       ring.next_trip();
     }
@@ -599,7 +599,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s, const ItemOr
         trip(c, c > w.chunk_begin && ((c - w.chunk_begin) & (kVFlushTrips - 1)) == 0);
     }
 
-    if (L.tid == 0) timeline_stamp(p, w, kTlLastTrip);
+    if (L.tid == 0) timeline_stamp(p, item, kTlLastTrip);
     if constexpr (T::kHasTail) {
       if (w.split == 0 && w.tail_len > 0) consume_tail<T>(p, s, L, w, sm, vs);
     }

@@ -101,12 +101,6 @@ struct DecodeParams {
   long long code_page_bytes, param_page_bytes;
   int num_splits, chunks_per_split, num_items;
   float sm_scale_log2;          // softmax scale times log2(e)
-  // The balanced order (ItemOrder; rank_ctas 0: the plain order). Split j of rank r's splits
-  // starts at chunks * (rank_m * rank_prefix[r] + j * rank_weight[r]) / rank_total.
-  int rank_sms, rank_ctas, rank_m, rank_total;
-  int rank_weight[FOSCAR_MAX_RANKS], rank_prefix[FOSCAR_MAX_RANKS];
-  int plan_chunks;              // the longest sequence's chunks when planned: where splits nominally start
-  int* ws_rank;                 // [FOSCAR_RANK_COUNTERS] the claims' counters; 0 between launches
 #if FOSCAR_TIMELINE
   uint64_t* timeline;           // [ctas, kTimelineItems, kTimelinePhases] or null
 #endif
@@ -144,18 +138,6 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.chunks_per_split = a.units_per_split;
   p.num_items = a.batch * (a.num_kv_heads / p.heads_per_item) * a.num_splits;
   p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
-  p.rank_sms = a.rank_sms;
-  p.rank_ctas = a.rank_ctas;
-  p.rank_m = a.rank_m > 0 ? a.rank_m : 1;
-  p.plan_chunks = a.plan_chunks;
-  p.ws_rank = a.ws_rank;
-  int prefix = 0;
-  for (int r = 0; r < FOSCAR_MAX_RANKS; ++r) {
-    p.rank_weight[r] = r < a.rank_ctas ? a.rank_weight[r] : 0;
-    p.rank_prefix[r] = prefix;
-    prefix += p.rank_weight[r];
-  }
-  p.rank_total = p.rank_m * prefix;
 #if FOSCAR_TIMELINE
   p.timeline = a.timeline;
 #endif
@@ -260,7 +242,6 @@ struct SharedStorage {
   float merge[4][kN / 2][kD];
   uint64_t full[T::kStages], empty[T::kStages];
   int last_split;
-  int order_rank, order_index;  // the balanced order's claim (ItemOrder)
 };
 
 // A kernel's traits: its shape, and how many CTAs share an SM: the build's knob or the kernel's
@@ -304,80 +285,27 @@ struct WorkItem {
   int b, h, split;  // h: the item's first KV head (T::HP consecutive heads)
   int chunk_begin, chunk_end;  // packed chunks of this split
   int packed_len, tail_len;
-  int k;            // this CTA's k-th item (the timeline's index)
 };
 
-// The balanced order (p.rank_ctas > 0). The CTAs that share an SM do not run at one speed: the
-// older CTAs' warps are favoured, so at batch 128 the first CTA of each SM ended its items up to
-// 23 % before the SM's last one, and the SM ran the rest with fewer warps (docs/PERFORMANCE.md,
-// fifth session). Here each CTA claims its rank among the CTAs of its SM (0 the first to
-// arrive) and an index among the CTAs of that rank; the item's splits are grouped by rank,
-// rank_m each, and a split of rank r is rank_weight[r] long, so that the favoured CTAs take
-// the longer splits and an SM's CTAs end together. The claims go through counters in
-// p.ws_rank that every launch leaves at zero; a rank already full sends a CTA on to the next,
-// so the claims are a bijection whatever the hardware's placement: placement moves the
-// balance, never the result.
-//
-// A CTA's items: combos first, first + stride, ... below limit, combo c the item
-// (c / m) * num_splits + rank * m + c % m. The plain order is rank 0 with m = num_splits:
-// CTA b takes items b, b + gridDim.x, ...
-struct ItemOrder {
-  int first, stride, limit, rank, m;
-  __device__ __forceinline__ int item(int num_splits, int combo) const {
-    if (m == num_splits) return combo;  // the plain order (rank 0), without its division
-    const int group = combo / m;
-    return group * num_splits + rank * m + (combo - group * m);
-  }
-};
-
-// Thread 0 of a CTA, balanced order: this CTA's (rank, index), written to *rank and *index.
-__device__ __forceinline__ void claim_rank(const DecodeParams& p, int* rank, int* index) {
-  int* arrivals = p.ws_rank;  // per SM (%smid modulo the slots)
-  int* claims = p.ws_rank + FOSCAR_RANK_SM_SLOTS;
-  int* claimed = claims + FOSCAR_MAX_RANKS;
-  const int preferred = atomicAdd(arrivals + sm_id() % FOSCAR_RANK_SM_SLOTS, 1) % p.rank_ctas;
-  for (int t = 0; t < p.rank_ctas; ++t) {
-    const int r = (preferred + t) % p.rank_ctas;
-    const int i = atomicAdd(claims + r, 1);
-    if (i < p.rank_sms) {  // a rank holds rank_sms CTAs: one of them has a free place at least
-      *rank = r, *index = i;
-      break;
-    }
-  }
-  __threadfence();  // this CTA's claims before its count: the last to count resets every counter
-  if (atomicAdd(claimed, 1) == p.rank_sms * p.rank_ctas - 1) {
-#pragma unroll 1
-    for (int i = 0; i < FOSCAR_RANK_COUNTERS; ++i) p.ws_rank[i] = 0;
-  }
-}
-
-// The first chunk of split `split` of an item of `chunks` chunks.
-__device__ __forceinline__ int split_begin(const DecodeParams& p, int chunks, int split) {
-  if (p.rank_ctas == 0) return min(split * p.chunks_per_split, chunks);
-  // In float: every boundary is one expression of (chunks, split), so neighbouring splits agree,
-  // and it never decreases as split grows.
-  const int r = split / p.rank_m, j = split - r * p.rank_m;
-  const float at = static_cast<float>(p.rank_m * p.rank_prefix[r] + j * p.rank_weight[r]) / p.rank_total;
-  return min(static_cast<int>(static_cast<float>(chunks) * at), chunks);
-}
-
-// Phase `phase` of this CTA's k-th item on the timeline (FOSCAR_TIMELINE; nothing without it).
-__device__ __forceinline__ void timeline_stamp(const DecodeParams& p, int k, int phase) {
+// Phase `phase` of this CTA's item `item` on the timeline (FOSCAR_TIMELINE; nothing without it).
+__device__ __forceinline__ void timeline_stamp(const DecodeParams& p, int item, int phase) {
 #if FOSCAR_TIMELINE
+  const int k = (item - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x);
   if (p.timeline != nullptr && k < kTimelineItems)
     p.timeline[((size_t)blockIdx.x * kTimelineItems + k) * kTimelinePhases + phase] = globaltimer_ns();
 #else
-  (void)p, (void)k, (void)phase;
+  (void)p, (void)item, (void)phase;
 #endif
 }
+// The same for a work item (work_item's inverse).
+template <class T>
 __device__ __forceinline__ void timeline_stamp(const DecodeParams& p, const WorkItem& w, int phase) {
-  timeline_stamp(p, w.k, phase);
+  timeline_stamp(p, (w.b * (p.num_kv_heads / T::HP) + w.h / T::HP) * p.num_splits + w.split, phase);
 }
 
 template <class T>
-__device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item, int k) {
+__device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
   WorkItem w;
-  w.k = k;
   w.split = item % p.num_splits;
   const int rest = item / p.num_splits, per_seq = p.num_kv_heads / T::HP;
   w.h = rest % per_seq * T::HP;
@@ -386,8 +314,8 @@ __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item, i
   w.tail_len = T::kHasTail ? len % T::G : 0;
   w.packed_len = len - w.tail_len;
   const int chunks = (w.packed_len + kChunk - 1) / kChunk;
-  w.chunk_begin = split_begin(p, chunks, w.split);
-  w.chunk_end = w.split == p.num_splits - 1 ? chunks : split_begin(p, chunks, w.split + 1);
+  w.chunk_begin = min(w.split * p.chunks_per_split, chunks);
+  w.chunk_end = w.split == p.num_splits - 1 ? chunks : min(w.chunk_begin + p.chunks_per_split, chunks);
   return w;
 }
 
@@ -475,25 +403,24 @@ struct RingCursor {
 
 // The producer warpgroup: one lane streams every stage of the CTA's items into the ring.
 template <class T>
-__device__ void produce(const DecodeParams& p, SharedStorage<T>& s, const ItemOrder& order) {
+__device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
   RingCursor<T> ring;  // the next stage to fill
-  for (int combo = order.first, k = 0; combo < order.limit; combo += order.stride, ++k) {
-    const int item = order.item(p.num_splits, combo);
+  for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     int early_lpage = -1;  // the nominal first chunk's page, its load issued before the length's returns
     unsigned early_page = 0;
     {
       const int b = item / p.num_splits / (p.num_kv_heads / T::HP);  // work_item()'s w.b, before its length load
-      const int tok = split_begin(p, p.plan_chunks, item % p.num_splits) * kChunk;
+      const int tok = (item % p.num_splits) * p.chunks_per_split * kChunk;
       const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
       if (lpage < p.max_pages) early_lpage = lpage, early_page = static_cast<unsigned>(p.page_table[(size_t)b * p.max_pages + lpage]);
     }
-    const WorkItem w = work_item<T>(p, item, k);
+    const WorkItem w = work_item<T>(p, item);
     if (w.chunk_end == w.chunk_begin) continue;
     for (int j = w.chunk_begin - 1; j < w.chunk_end; ++j)
 #pragma unroll
       for (int hp = 0; hp < T::HP; ++hp, ring.advance(1)) {
         mbar_wait(&s.empty[ring.slot], ring.phase ^ 1u);  // the consumers freed its last use
-        if (hp == 0 && j < w.chunk_begin) timeline_stamp(p, k, kTlFirstCopy);
+        if (hp == 0 && j < w.chunk_begin) timeline_stamp(p, item, kTlFirstCopy);
         fill_stage<T>(p, s, ring.slot, w.b, w.h + hp, w.chunk_begin, w.chunk_end, j, early_lpage, early_page);
       }
   }
@@ -999,17 +926,17 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   __threadfence();
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) {
-    timeline_stamp(p, w, kTlWritten);
+    timeline_stamp<T>(p, w, kTlWritten);
     int* count = p.ws_count + (size_t)w.b * p.num_kv_heads + w.h;
     const int done = atomicAdd(count, 1);
     s.last_split = done == p.num_splits - 1;
     if (s.last_split) *count = 0;  // every split has counted: ready for the next launch
-    timeline_stamp(p, w, kTlCounted);
+    timeline_stamp<T>(p, w, kTlCounted);
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (!s.last_split) return;
   __threadfence();
-  if (L.tid == 0) timeline_stamp(p, w, kTlMergeFenced);
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
   // Every split's m and l of a head are read once: the m into shared memory (s.merge, free by
   // now), then one warp per head turns them into weights exp2(m - max) / denominator as it reads
   // the l; then thread tid sums channel tid of every head over the splits with independent loads. (Each thread
@@ -1036,7 +963,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
     for (int sp = L.lane; sp < S; sp += 32) wgt[hd * S + sp] /= den;
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
-  if (L.tid == 0) timeline_stamp(p, w, kTlMergeWeighted);
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
   if constexpr (T::HP == 1) {
     // Warp w sums columns w, w + 4 over the splits, lane l channels 4 l .. 4 l + 3, as float4:
     // one SM reads 64 KB of partials in 2.1 us so, in 5.0 us as 4-byte loads
@@ -1072,7 +999,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
       if (hd < p.cols) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
-  if (L.tid == 0) timeline_stamp(p, w, kTlMerged);
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
 }
 
 }  // namespace foscar
@@ -1095,21 +1022,15 @@ __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>:
       mbar_init(&s.empty[i], 4);  // one arrive per consumer warp
     }
     mbar_init_fence();
-    if (p.rank_ctas != 0) claim_rank(p, &s.order_rank, &s.order_index);
-    timeline_stamp(p, 0, kTlEntry);  // before the barrier: the CTA's other stamps follow it
+    timeline_stamp(p, blockIdx.x, kTlEntry);  // before the barrier: the CTA's other stamps follow it
   }
   __syncthreads();
-  ItemOrder order{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), p.num_items, 0, p.num_splits};
-  if (p.rank_ctas != 0) {
-    const int combos = p.batch * (p.num_kv_heads / T::HP) * p.rank_m;
-    order = ItemOrder{s.order_index, p.rank_sms, combos, s.order_rank, p.rank_m};
-  }
   if (threadIdx.x < 128) {  // producer warpgroup: one lane streams, the rest leave
     setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x == 0) produce<T>(p, s, order);
+    if (threadIdx.x == 0) produce<T>(p, s);
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
-    consume<T, KSideOf<T>, VSideOf<T>, BLOCKS>(p, s, order);
+    consume<T, KSideOf<T>, VSideOf<T>, BLOCKS>(p, s);
   }
 }
 

@@ -58,24 +58,6 @@ inline int check_args(const FoscarDecodeArgs& a) {
     last_error() = "bits " + std::to_string(a.bits) + " is not built; expected 2 or 4";
     return 2;
   }
-  if (a.rank_ctas != 0) {
-    const bool shape = a.rank_ctas >= 1 && a.rank_ctas <= FOSCAR_MAX_RANKS && a.rank_m >= 1 && a.rank_sms >= 1 &&
-                       a.num_splits == a.rank_ctas * a.rank_m && a.num_ctas == a.rank_sms * a.rank_ctas;
-    if (!shape || a.ws_rank == nullptr) {
-      last_error() = "the balanced order needs rank_ctas 1.." + std::to_string(FOSCAR_MAX_RANKS) +
-                     ", num_splits == rank_ctas * rank_m and num_ctas == rank_sms * rank_ctas, and ws_rank; got rank_ctas " +
-                     std::to_string(a.rank_ctas) + ", rank_m " + std::to_string(a.rank_m) + ", rank_sms " +
-                     std::to_string(a.rank_sms) + ", num_splits " + std::to_string(a.num_splits) + ", num_ctas " +
-                     std::to_string(a.num_ctas);
-      return 2;
-    }
-    for (int r = 0; r < a.rank_ctas; ++r)
-      if (a.rank_weight[r] < 1 || a.rank_weight[r] > (1 << 16)) {
-        last_error() = "rank_weight[" + std::to_string(r) + "] is " + std::to_string(a.rank_weight[r]) +
-                       "; expected 1..65536";
-        return 2;
-      }
-  }
   if (a.timeline != nullptr && !FOSCAR_TIMELINE) {
     last_error() = "this build records no timeline; build it with -DFOSCAR_TIMELINE=1 (foscar_decode.cuh)";
     return 2;

@@ -377,10 +377,6 @@ inline void setmaxnreg_dec() {}
 template <int N>
 inline void setmaxnreg_inc() {}
 
-// %smid: two CTAs an "SM", in launch order, so that the balanced order's claims take both paths
-// (a rank preferred by arrival, and a full rank's CTA sent on to the next).
-inline int sm_id() { return static_cast<int>(blockIdx.x) / 2; }
-
 // %globaltimer: the host's monotonic clock in nanoseconds.
 inline uint64_t globaltimer_ns() {
   return static_cast<uint64_t>(

@@ -208,13 +208,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 
 __device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 
-// The SM this thread runs on (the balanced order's claim, foscar_decode.cuh).
-__device__ __forceinline__ int sm_id() {
-  int id;
-  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(id));
-  return id;
-}
-
 // The GPU's global nanosecond clock (one clock for every SM, unlike clock64): lab knob
 // FOSCAR_TIMELINE's stamps.
 __device__ __forceinline__ uint64_t globaltimer_ns() {

@@ -66,11 +66,6 @@ struct CudaLaunch {
     // foscar_ctas_per_sm(), and a lab build's kernel that holds fewer CTAs than the knob asks
     // (DecodeTraits) would otherwise run its last CTAs in a second wave.
     const int ctas = std::min(a.num_ctas, resident[a.device].load());
-    if (a.rank_ctas != 0 && ctas != a.num_ctas) {  // every (rank, index) must be claimed
-      last_error() = "the balanced order asks for " + std::to_string(a.num_ctas) + " CTAs; this kernel holds " +
-                     std::to_string(ctas) + " on the device at once: plan with its foscar_ctas_per_sm";
-      return 2;
-    }
     kernel<<<ctas, Tr::kThreads, smem, stream>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess) {
