@@ -36,6 +36,7 @@ Untimed; the table goes to --json, or is printed.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import statistics
@@ -45,6 +46,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 MODES = {"t": "token", "c": "channel"}
 ARCH = "sm_90a"
+
+
+def parse_prebuilt(specs: list[str]) -> dict[str, str]:
+    """--prebuilt NAME=PATH entries -> {name: path of the library}."""
+    out = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        if not name or not path:
+            raise SystemExit(f"--prebuilt {spec!r}: expected NAME=PATH of a libfoscar.so")
+        out[name] = path
+    return out
 
 
 def parse_variant(spec: str) -> tuple[str, tuple[str, ...]]:
@@ -296,6 +308,9 @@ def main() -> int:
     if any(n is not None and n < 1 for n in splits):
         raise SystemExit(f"--splits {args.splits!r}: split counts must be >= 1")
     heads = parse_heads(args.heads_per_item)
+    prebuilt = parse_prebuilt(args.prebuilt)
+    if args.profile or args.timeline:  # those run the one variant they name
+        prebuilt = {name: path for name, path in prebuilt.items() if name in (args.profile, args.timeline)}
     cases = {spec: make_case(args, spec) for spec in specs}  # a bad config fails before any build
 
     from baselines.foscar import FoscarVariant
@@ -306,15 +321,11 @@ def main() -> int:
         from foscar import kernels
         kernels.MAX_ITEM_CHUNKS = {bits: args.max_item_chunks for bits in kernels.MAX_ITEM_CHUNKS}
     libs = build_variants(variants)
-    for spec in args.prebuilt:
-        name, _, path = spec.partition("=")
-        if not name or not path:
-            raise SystemExit(f"--prebuilt {spec!r}: expected NAME=PATH of a libfoscar.so")
-        import ctypes
-
+    if prebuilt:
         from foscar import kernels
-        libs[name] = kernels.bind(ctypes.CDLL(path), "foscar")
-        variants.append((name, ()))
+        for name, path in prebuilt.items():
+            libs[name] = kernels.bind(ctypes.CDLL(path), "foscar")
+            variants.append((name, (f"prebuilt:{path}",)))  # its label in the rows and the JSON
     ctx = make_context("0", {"read_ceiling": False})
     rows, timelines = [], []
     for spec in specs:

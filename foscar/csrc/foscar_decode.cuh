@@ -939,7 +939,8 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
   // Every split's m and l of a head are read once: the m into shared memory (s.merge, free by
   // now), then one warp per head turns them into weights exp2(m - max) / denominator as it reads
-  // the l; then thread tid sums channel tid of every head over the splits with independent loads. (Each thread
+  // the l; then the partials are summed over the splits with independent loads (a warp per column
+  // as float4 in the one-head kernels, thread tid's channel of every column in the paired). (Each thread
   // reading every (m, l) itself, with the loads in a chain, cost ~35 us at batch 1 and 128K,
   // where the last CTA of a KV head merges 49 splits while the rest of the GPU waits.)
   const int S = p.num_splits, n = p.cols * S;  // at most 8 x 128 (foscar_dispatch.h)
