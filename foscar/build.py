@@ -111,13 +111,12 @@ class BuildResult:
 
 
 _TEMPLATE = re.compile(
-    r"foscar_decode_kernel<(\d+), (\d+), (true|false), (true|false), (true|false), (\d+)(?:, (?:true|false))?>")
+    r"foscar_decode_kernel<(\d+), (\d+), (true|false), (true|false), (true|false), (\d+)>")
 
 
 def decode_template_args(name: str) -> tuple[int, int, int, int, int, int] | None:
     """(bits, group_size, k_channel, v_channel, dequant, kv_heads_per_item) of a demangled
-    decode kernel name: the instance the C API's queries name (its loop, the last template
-    argument, is the launch's: foscar.kernels.runs_in_blocks)."""
+    decode kernel name: the instance the C API's queries name."""
     m = _TEMPLATE.search(name)
     if not m:
         return None

@@ -24,9 +24,10 @@ MAX_FORCED_SPLITS = 128  # the kernels' (foscar_dispatch.h: the split merge's sh
 # The longest split, in chunks, by bit width. Until v16 an item kept its token-wise V offsets and
 # the injection's bias (1024 sum p~ / f) in its fp32 output until it ended, so the error grew with
 # the item (INT2 5.2e-3 at 128K tokens, over the gate's 4e-3) and splits were held to 32K tokens
-# (INT2) and 64K (INT4). The kernels now take those sums out every 32 trips (kVFlushTrips), and
-# items of 128K tokens measured 1.70e-3 for both widths, as short ones (docs/PERFORMANCE.md, v15
-# and v16; foscar.precision.v7_items models both). The limit stays at what was measured.
+# (INT2) and 64K (INT4). v16-v22 took those sums out every 32 trips, and since v23 the V operands
+# carry no bias at all; items of 128K tokens measured 1.70e-3 for both widths with the flush, as
+# short ones (docs/PERFORMANCE.md, v15, v16 and v23; foscar.precision.v7_items and v23_items
+# model them). The limit stays at what was measured.
 MAX_ITEM_CHUNKS = {2: 2048, 4: 2048}
 # The planner's costs, in chunk times: a work item's setup and finish beside its chunks, and the
 # merge of a sequence's splits. 4 fits split counts forced at six shapes, 3 and 4 CTAs per SM
@@ -147,22 +148,6 @@ def plan_launch(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int,
         if best is None or cost < best[0] - 1e-9:
             best = (cost, LaunchPlan(used, per_split, ctas))
     return best[1]
-
-
-# How an item's trips run (foscar_decode.cuh: DecodeShape::kFlushBetweenBlocks, decode_kernel_for):
-# the paired G = 128 kernels with channel-wise K and token-wise V flush token-wise V's sums
-# between blocks of V_FLUSH_TRIPS trips, except INT2's launches whose splits never flush (at most
-# V_FLUSH_TRIPS chunks), which run the flat loop. Each loop is its own kernel instance, the
-# template's last argument.
-V_FLUSH_TRIPS = 32
-
-
-def runs_in_blocks(bits: int, group_size: int, k_mode: str, v_mode: str, variant: str,
-                   kv_heads_per_item: int, chunks_per_split: int) -> bool:
-    """Whether the launch runs the kernel instance whose trips go in blocks."""
-    blocks = (kv_heads_per_item == 2 and group_size == 128 and k_mode == "channel" and v_mode == "token"
-              and variant != "dequant")
-    return blocks and not (bits == 2 and chunks_per_split <= V_FLUSH_TRIPS)
 
 
 def unsupported_reason(num_q_heads: int, num_kv_heads: int, head_dim: int, config: QuantConfig,

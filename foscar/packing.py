@@ -4,9 +4,9 @@ This module is the only code that knows the layout; everything else asks it. K a
 in blocks of their own size (`block_tokens`): K in 16-token tiles whose words are the A
 fragments of a 16-row MMA (tokens on M, channels on K), V in 64-token blocks whose words are
 the A fragments each warp of a warpgroup holds for O^T = V^T P^T (channels on M, tokens on K).
-How the kernels read a word (`extraction_schedule`) is part of the layout: K and V read as fp16
-operands 1024 + f c, and the radix factor f of each position folds into the query (K) or into
-the output channel (V).
+How the kernels read a word (`extraction_schedule`) is part of the layout: K reads as fp16
+operands 1024 + f c, V as fp16 subnormals f c 2^-24 (no bias), and the radix factor f of each
+position folds into the query (K) or into the output channel (V).
 """
 from __future__ import annotations
 
@@ -18,9 +18,13 @@ TILE_TOKENS = 16  # rows of one packed storage row (and of one K tile)
 BLOCK_TOKENS = {"k": 16, "v": 64}
 KINDS = ("k", "v")
 HEAD_DIMS = (64, 128, 256)
-# The operand each kind's codes become: (dtype, bias, the bias in both halves of a word).
+# The operand each kind's codes become: (dtype, bias, the bias in both halves of a word, unit),
+# worth bias + unit f c. V's operands are the masked bits alone: an fp16 whose exponent field is
+# 0 or 1 is worth its bit pattern times 2^-24, and with no bias the Tensor Cores' cut toward zero
+# has nothing of one sign to take (docs/PERFORMANCE.md, v23).
 FP16_1024_PAIR = 0x64006400
-OPERANDS = {"k": ("fp16", 1024.0, FP16_1024_PAIR), "v": ("fp16", 1024.0, FP16_1024_PAIR)}
+FP16_PATTERN_UNIT = 2.0**-24
+OPERANDS = {"k": ("fp16", 1024.0, FP16_1024_PAIR, 1.0), "v": ("fp16", 0.0, 0, FP16_PATTERN_UNIT)}
 
 # INT2 V: per 16-bit half, positions k = 0..7 hold (channel block b, token offset o); each block's
 # two positions read at the same radix factor, so the factor folds into the output channel.
@@ -50,7 +54,8 @@ def positions_per_half(bits: int) -> int:
 
 def extraction_schedule(bits: int, kind: str) -> tuple[tuple[int, int], ...]:
     """(shift, mask) reading position k of a word, for k = 0 .. P-1: `((word >> shift) & mask)`
-    (a negative shift shifts left) OR-ed with the kind's bias pair is two operands bias + f_k c."""
+    (a negative shift shifts left) OR-ed with the kind's bias pair is two operands bias + unit f_k c
+    (OPERANDS)."""
     _check_bits(bits)
     _check_kind(kind)
     pair = 0x00010001
@@ -58,13 +63,11 @@ def extraction_schedule(bits: int, kind: str) -> tuple[tuple[int, int], ...]:
         if bits == 4:
             return ((0, 0xF * pair), (0, 0xF0 * pair), (8, 0xF * pair), (8, 0xF0 * pair))
         return tuple((0, (3 << 2 * k) * pair) for k in range(5)) + tuple((10, (3 << 2 * k) * pair) for k in range(3))
-    # V, fp16 as well, every code at bit 4 or above (f >= 16): a PV product is cut toward zero
-    # relative to its largest term, so the bias : f ratio sets what a code keeps of its value
-    # (docs/FORMAT.md, docs/PERFORMANCE.md "v7").
-    if bits == 4:  # position 0 from w << 4, 1 in place, 2 and 3 from w >> 4, >> 8: all at f = 16
-        return ((-4, 0xF0 * pair), (0, 0xF0 * pair), (4, 0xF0 * pair), (8, 0xF0 * pair))
-    # INT2: the two positions of one channel block share a factor (see _V2_SLOT).
-    return ((-4, 0x30 * pair), (-2, 0x30 * pair), (0, 0x30 * pair), (0, 0xC0 * pair),
+    # V, fp16 subnormals (bits 0-10, no bias): INT4 as K; INT2 so that the two positions of one
+    # channel block share a factor (see _V2_SLOT): 1 from w >> 2, 5-7 from w >> 6.
+    if bits == 4:
+        return ((0, 0xF * pair), (0, 0xF0 * pair), (8, 0xF * pair), (8, 0xF0 * pair))
+    return ((0, 0x3 * pair), (2, 0x3 * pair), (0, 0x30 * pair), (0, 0xC0 * pair),
             (0, 0x300 * pair), (6, 0x30 * pair), (6, 0xC0 * pair), (6, 0x300 * pair))
 
 

@@ -18,8 +18,9 @@ and compares with float64 attention over the same dequantized cache. The K side 
 exact, so the model is a lower bound of a kernel's error at short context, and tracks it where
 the V side dominates (tests/foscar/test_precision.py checks it against the H200).
 
-A kernel's arithmetic (`VArithmetic`) says what its A operands hold (bias + f c, or the centred
-f (c - mid)) and which tokens share one accumulator between two flushes (`chains`).
+A kernel's arithmetic (`VArithmetic`) says what its A operands hold (bias + f c, the centred
+f (c - mid), or since v23 the unbiased fp16 subnormals f c 2^-24) and which tokens share one
+accumulator between two flushes (`chains`).
 """
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ class VArithmetic:
     # The radix factor of each channel's V operand, from (bits, head_dim); None: the layout of
     # foscar/packing.py (the kernels in the tree).
     radix: Callable[[int, int], np.ndarray] | None = None
-    # The operands' type: "bf16" (A = 128 + f c) or "fp16" (A = 1024 + f c, p~ rounded to fp16
-    # with its subnormals).
+    # The operands' type: "bf16" (A = 128 + f c), "fp16" (A = 1024 + f c, p~ rounded to fp16
+    # with its subnormals) or "fp16-subnormal" (A = f c 2^-24: the masked bits alone, no bias; p~
+    # fp16).
     operand: str = "bf16"
     # Token-wise V: None, each chain is folded (raw / f) when it ends and the bias leaves at the
     # end through a sum of p~; k, the chain runs on and every k steps the bias, summed on the
@@ -71,7 +73,12 @@ class VArithmetic:
 
     @property
     def bias(self) -> float:
-        return 1024.0 if self.operand == "fp16" else 128.0
+        return {"bf16": 128.0, "fp16": 1024.0, "fp16-subnormal": 0.0}[self.operand]
+
+    @property
+    def unit(self) -> float:
+        """What one unit of f c is worth in the operand."""
+        return packing.FP16_PATTERN_UNIT if self.operand == "fp16-subnormal" else 1.0
 
     def channel_radix(self, bits: int, dim: int) -> np.ndarray:
         if self.radix is not None:
@@ -180,7 +187,7 @@ def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
     n = view.v_codes.shape[0]
     heads = range(cache.num_kv_heads) if kv_heads is None else kv_heads
     ratio = q.shape[1] // cache.num_kv_heads
-    f_ch = arith.channel_radix(cfg.bits, dim)
+    f_ch = arith.channel_radix(cfg.bits, dim) * arith.unit  # a code's worth in its operand
     mid = (2**cfg.bits - 1) / 2
     chains = arith.chains(n, cfg)
     outs, refs = [], []
@@ -193,7 +200,7 @@ def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
         p = np.exp(scores - scores.max())  # [r, n]
         v = codes * s_v + z_v
         ref = (p @ v) / p.sum(axis=1, keepdims=True)
-        rnd = _fp16 if arith.operand == "fp16" else _bf16
+        rnd = _bf16 if arith.operand == "bf16" else _fp16
         bias = 0.0 if arith.centred else arith.bias
         # B operand per token: p~ = bf16(p s) (token-wise; one scale per token at G = head_dim)
         if cfg.v_mode == "token":
@@ -374,18 +381,24 @@ def v5_radix(bits: int, dim: int) -> np.ndarray:
 V5 = VArithmetic("v5: bf16 128 + f c, one chain per 64-token chunk", centred=False, chains=sequential_chains(64),
                  radix=v5_radix)
 
-# The arithmetic of the kernels in foscar/csrc (v7, and v8's paired items, whose second head's
+# The arithmetic of the kernels v7 to v22 (and v8's paired items, whose second head's
 # k-step adds exact zeros to the first head's columns and the reverse: tests/foscar/test_tcmodel.py):
 # V operands fp16 1024 + f c, every code at f >= 16 (packing.py's schedule), p~ fp16; each warp's
 # 16-token product (one k-step) starts from zero and is folded into the fp32 output at once; the
 # bias leaves through a sum of p~.
+def v7_radix(bits: int, dim: int) -> np.ndarray:
+    """v7-v22's V schedule (every code at f >= 16): channel 32 w + 8 b + g of a block at 16 (INT4)
+    or [64, 16, 256, 16][b] (INT2)."""
+    factors = [16, 16, 16, 16] if bits == 4 else [64, 16, 256, 16]
+    return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
+
+
 V7 = VArithmetic("v7: fp16 1024 + f c at f >= 16, each warp's 16-token product folded at once", centred=False,
-                 chains=sequential_chains(16), operand="fp16")
-CURRENT = V7
+                 chains=sequential_chains(16), operand="fp16", radix=v7_radix)
 
 
-# How often the kernels take token-wise V's sums out of the output (foscar_decode.cuh,
-# kVFlushTrips; v16). v7_items(n) without it models the kernels before v16.
+# How often the v16-v22 kernels took token-wise V's sums out of the output (kVFlushTrips, until
+# v23 removed the bias). v7_items(n) without it models the kernels before v16.
 V_FLUSH_TRIPS = 32
 
 
@@ -402,9 +415,9 @@ def v7_items(item_tokens: int, flush_tiles: int | None = None) -> VArithmetic:
 # v7 with token-wise V chained: one accumulator per (split, warp) over the warp's 16 tokens of
 # each chunk, the bias leaving every 4 chunks; channel-wise V folds each 16-token product at once.
 # Its first schedule (v7_first_radix) was wrong on the H200; at f >= 16 the model holds it, and
-# it measured no faster (docs/PERFORMANCE.md), so the kernels do not chain. radix None: the
-# kernels' f >= 16 schedule (packing.py).
-def v7_chained(chunks_per_split: int, radix: Callable[[int, int], np.ndarray] | None = None) -> VArithmetic:
+# it measured no faster (docs/PERFORMANCE.md), so the kernels do not chain. radix: by default
+# v7's f >= 16 schedule.
+def v7_chained(chunks_per_split: int, radix: Callable[[int, int], np.ndarray] = v7_radix) -> VArithmetic:
     return VArithmetic(f"v7: fp16 1024 + f c, one chain per warp and split of {chunks_per_split} chunks, "
                        "bias out every 4", centred=False, chains=warp_chains(chunks_per_split), radix=radix,
                        operand="fp16", bias_every=4, channel_chains=sequential_chains(16))
@@ -415,3 +428,19 @@ def v7_first_radix(bits: int, dim: int) -> np.ndarray:
     INT2 at 64, 4, 256, 16 (codes read in place at f = 1 and 4)."""
     factors = [1, 16, 1, 16] if bits == 4 else [64, 4, 256, 16]
     return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
+
+
+# The arithmetic of the kernels in foscar/csrc since v23: V operands fp16 subnormals f c 2^-24
+# (no bias; INT4 codes read in place at f = 1 and 16, INT2 at 1 to 256: packing.py's schedule),
+# p~ fp16; each warp's 16-token product (one k-step) starts from zero and is folded into the
+# fp32 output at once; the offsets leave through a sum of p~ z / s at the item's end. With no
+# bias in the output there is nothing to flush (v16-v22 flushed every V_FLUSH_TRIPS trips).
+V23 = VArithmetic("v23: fp16 subnormals f c 2^-24, each warp's 16-token product folded at once", centred=False,
+                  chains=sequential_chains(16), operand="fp16-subnormal")
+CURRENT = V23
+
+
+def v23_items(item_tokens: int) -> VArithmetic:
+    """The kernels' arithmetic (V23) with token-wise V's fp32 fold over work items of
+    `item_tokens` tokens: the output and the lanes' offset sums in fp32 until the item ends."""
+    return replace(V23, name=f"{V23.name}, fp32 fold over items of {item_tokens} tokens", item_tokens=item_tokens)

@@ -14,7 +14,8 @@ from foscar.cache import QuantizedKVCache, gather_params
 
 F64 = torch.float64
 K_BIAS = packing.OPERANDS["k"][1]  # K codes become fp16 1024 + f c
-V_BIAS = packing.OPERANDS["v"][1]  # V codes become fp16 1024 + f c
+V_BIAS = packing.OPERANDS["v"][1]  # V codes become fp16 subnormals f c 2^-24: no bias
+V_UNIT = packing.OPERANDS["v"][3]
 OPERAND_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -54,8 +55,8 @@ def folded_attention_f64(
 ) -> torch.Tensor:
     """Decode attention over a quantized cache, folded as the kernels fold it, in float64.
 
-    Reads the packed words through the extraction schedule (K: fp16 1024 + f*c, V: bf16
-    128 + f*c), folds scale, offset, radix factor and the bias per FOSCAR.md section 3 for the
+    Reads the packed words through the extraction schedule (K: fp16 1024 + f*c, V: fp16
+    f*c*2^-24), folds scale, offset, radix factor and the bias per FOSCAR.md section 3 for the
     cache's (k_mode, v_mode), and attends the BF16 tail exactly. round_operands=True rounds the
     folded MMA operands to the kernels' types (q/f and q*s/f to fp16, p and p*s to bf16), or
     pass a dtype to round every operand to that; the default False keeps them exact.
@@ -76,10 +77,10 @@ def folded_attention_f64(
 
     seqs = torch.arange(batch, device=cache.device)
     k_params, v_params = gather_params(cache, seqs)
-    ek = _injected(cache.k_codes, cache, "k")  # [b, t, h, d], 128 + f_d * c
-    ev = _injected(cache.v_codes, cache, "v")
+    ek = _injected(cache.k_codes, cache, "k")  # [b, t, h, d], 1024 + f_d * c
+    ev = _injected(cache.v_codes, cache, "v")  # f_d * c * 2^-24
     fk = packing.channel_radix(cfg.bits, "k", dim).to(cache.device, F64)
-    fv = packing.channel_radix(cfg.bits, "v", dim).to(cache.device, F64)
+    fv = packing.channel_radix(cfg.bits, "v", dim).to(cache.device, F64) * V_UNIT  # a code's unit in the operand
 
     fold_k = _scores_token_k if cfg.k_mode == "token" else _scores_channel_k
     scores = fold_k(qg, ek, k_params.to(F64), fk, group, rnd_k)  # [b, h, r, T]
@@ -106,10 +107,9 @@ def folded_attention_f64(
 
 
 def _injected(words: torch.Tensor, cache: QuantizedKVCache, kind: str) -> torch.Tensor:
-    """The operands made from the packed words, as float64 [b, T, h, d]: exactly bias + f_d * c.
+    """The operands made from the packed words, as float64 [b, T, h, d]: exactly bias + unit f_d c.
 
-    packing.extract per position (the kernels' shift, mask and bias), read as two fp16 (K) or
-    bf16 (V) values.
+    packing.extract per position (the kernels' shift, mask and bias), read as two fp16 values.
     """
     cfg, dim, heads = cache.config, cache.head_dim, cache.num_kv_heads
     page, blk = cfg.page_size, packing.block_tokens(kind)
@@ -172,7 +172,8 @@ def _scores_channel_k(qg, ek, params, f, group, rnd):
 
 
 def _output_token_v(p, ev, params, f, group, rnd):
-    """Token-wise V, operand fold: p~ = p s_{t,g} per channel group, then / f_d, minus 128 sum p~ / f_d, plus sum p z."""
+    """Token-wise V, operand fold: p~ = p s_{t,g} per channel group, then / f_d (the operand's
+    unit within), minus the bias sum (none for fp16 subnormals), plus sum p z."""
     b, h, _, t = p.shape
     d = ev.shape[-1]
     n_groups = d // group
@@ -187,7 +188,7 @@ def _output_token_v(p, ev, params, f, group, rnd):
 
 
 def _output_channel_v(p, ev, params, f, group, rnd):
-    """Channel-wise V, accumulator fold per token group T: s_{T,d} / f_d (acc - 128 sum_T p) + z_{T,d} sum_T p."""
+    """Channel-wise V, accumulator fold per token group T: s_{T,d} / f_d (acc - bias sum_T p) + z_{T,d} sum_T p."""
     b, h, r, _ = p.shape
     d = ev.shape[-1]
     p_t = rnd(p).view(b, h, r, -1, group)  # [b, h, r, j, i]

@@ -29,7 +29,6 @@ __host__ __device__ __forceinline__ uint32_t and_or(uint32_t w, uint32_t bias) {
 constexpr uint32_t kPair = 0x00010001u;           // a 16-bit pattern in both halves
 constexpr uint32_t kF16Bias2 = 0x64006400u;       // fp16 1024.0 twice: 0x6400 | c = 1024 + c, c < 1024
 constexpr float kKBias = 1024.0f;                 // K operands are fp16 1024 + f c
-constexpr float kVBias = 1024.0f;                 // V operands are fp16 1024 + f c
 
 // K, fp16 (10 mantissa bits), one shift per word serves every position:
 //   INT4: positions 0, 1 in place (bits 0-3, 4-7: f = 1, 16); 2, 3 from w >> 8 (f = 1, 16).
@@ -52,35 +51,35 @@ __host__ __device__ __forceinline__ uint32_t inject_k(uint32_t w) {
   return and_or<mask>(w >> k_shift<BITS>(K), kF16Bias2);
 }
 
-// V, fp16 1024 + f c as K (the B operand P or P~ is fp16 too), every code read at f >= 16: each
-// product is cut toward zero relative to its largest term, so what the output keeps of a code
-// is set by bias : f, and 1024 : 1 (a code read in place at bits 0-3) loses 16x more than
-// 1024 : 16 (docs/PERFORMANCE.md, v7).
-//   INT4: position 0 from w << 4, 1 in place, 2 from w >> 4, 3 from w >> 8: all at bits 4-7
-//   (f = 16; 3 shifts and 4 LOP3 per 8 codes).
-//   INT2: position 0 from w << 4, 1 from w << 2, 2-4 in place, 5-7 from w >> 6 (f = 16, 16, 16,
-//   64, 256, 16, 64, 256), so that the two positions of each channel block share a factor:
-//   blocks 0-3 (positions (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 16, 256, 16 (3 shifts and
-//   8 LOP3 per 16 codes).
+// V, fp16 subnormals f c 2^-24 (the bits (w >> shift) & mask alone, no bias; the B operand P~
+// or P is fp16 too): an fp16 whose exponent field is 0 or 1 is worth its bit pattern times
+// 2^-24, so any code whose bits lie in 0-10 is read exactly, and the product's sum holds the
+// signal only. With no bias there is nothing for the Tensor Cores' cut toward zero to take
+// from one side (docs/PERFORMANCE.md, v4 and v23), so a code may sit at any factor, f = 1 included.
+// The unit 2^-24 rides in the fold with the factor (kVUnit v_radix).
+//   INT4: positions 0, 1 in place (bits 0-3, 4-7: f = 1, 16); 2, 3 from w >> 8 (f = 1, 16), as
+//   K (1 shift and 4 LOP3 per 8 codes).
+//   INT2: positions 0, 2, 3, 4 in place, 1 from w >> 2, 5-7 from w >> 6 (f = 1, 1, 16, 64, 256,
+//   16, 64, 256), so that the two positions of each channel block share a factor: blocks 0-3
+//   (positions (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 1, 256, 16 (2 shifts and 8 LOP3 per 16
+//   codes).
+constexpr float kVUnit = 0x1p-24f;  // an fp16 pattern's worth below 2^-13 (exponent field 0 or 1)
 template <int BITS>
-__host__ __device__ constexpr int v_shift(int k) {  // > 0: right shift, < 0: left shift
-  return BITS == 4 ? (k == 0 ? -4 : k == 1 ? 0 : k == 2 ? 4 : 8)
-                   : (k == 0 ? -4 : k == 1 ? -2 : (k < 5 ? 0 : 6));
+__host__ __device__ constexpr int v_shift(int k) {  // right shift
+  return BITS == 4 ? (k < 2 ? 0 : 8) : (k == 1 ? 2 : k < 5 ? 0 : 6);
 }
 template <int BITS>
 __host__ __device__ constexpr int v_lsb(int k) {
-  return BITS == 4 ? 4 : (k < 2 ? 4 : (k < 5 ? 2 * k : 2 * k - 6));
+  return BITS == 4 ? 4 * (k % 2) : (k < 2 ? 0 : k < 5 ? 2 * k : 2 * k - 6);
 }
 template <int BITS>
-__host__ __device__ constexpr float v_radix(int k) {
+__host__ __device__ constexpr float v_radix(int k) {  // the operand holds kVUnit v_radix c
   return static_cast<float>(1 << v_lsb<BITS>(k));
 }
 template <int BITS, int K>
 __host__ __device__ __forceinline__ uint32_t inject_v(uint32_t w) {
-  constexpr int s = v_shift<BITS>(K);
   constexpr uint32_t mask = (((1u << BITS) - 1u) << v_lsb<BITS>(K)) * kPair;
-  const uint32_t x = s < 0 ? w << (s < 0 ? -s : 0) : w >> (s > 0 ? s : 0);
-  return and_or<mask>(x, kF16Bias2);
+  return (w >> v_shift<BITS>(K)) & mask;
 }
 // INT2 V: the position holding channel block b (0..3) at token offset o (0: tokens 2t, 2t+1;
 // 1: tokens 2t+8, 2t+9) of a k-step's word.

@@ -9,23 +9,23 @@
 // chunk c + 1 is issued on wgmma before chunk c's PV runs on mma.sync, so the two overlap.
 //
 // Every PV product is one k-step (16 tokens) from zero, folded into the fp32 output at once, and
-// the V operands are fp16 1024 + f c with every code at f >= 16 (inject_v): the Tensor Cores'
-// cut toward zero never accumulates, and it is small against the signal (foscar/precision.py,
-// docs/PERFORMANCE.md "v7").
+// the V operands are fp16 subnormals f c 2^-24 with no bias (inject_v): every product is of one
+// sign and holds signal only, so the Tensor Cores' cut toward zero is a few parts in 2^25 of the
+// k-step's largest term (foscar/precision.py, docs/PERFORMANCE.md "v23").
 #pragma once
 
 namespace foscar {
 
-// V operands are fp16 1024 + f c (inject_v) and P / P~ fp16: the probabilities stay at or
-// below 1 (WarpSoftmax rescales on any new maximum), so p~ = p s cannot overflow for any fp16
-// scale s.
+// V operands are fp16 f c 2^-24 (inject_v) and P / P~ fp16: the probabilities stay at or below
+// 1 (WarpSoftmax rescales on any new maximum), so p~ = p s cannot overflow for any fp16 scale s.
 
 
-// Radix factor of channel block b (0..3) of a 32-channel slice of the V block: where inject_v
-// puts the block's code (INT4 position b; INT2 its first position, which shares its factor).
+// What one unit of a code of channel block b (0..3) of a 32-channel slice of the V block is
+// worth in its operand, f 2^-24: where inject_v puts the block's code (INT4 position b; INT2 its
+// first position, which shares its factor). The fold multiplies each product by its inverse.
 template <int BITS>
 __host__ __device__ __forceinline__ constexpr float v_block_radix(int b) {
-  return static_cast<float>(1 << v_lsb<BITS>(BITS == 4 ? b : v2_position(b, 0)));
+  return v_radix<BITS>(BITS == 4 ? b : v2_position(b, 0)) * kVUnit;
 }
 // A warp's output tile j (0..7): channels 16 j + g (e < 2) and 16 j + g + 8 (e >= 2), heads
 // 2t + (e & 1). Tile j is m16 tile i = j % 2 of the 32-channel slice j / 2 of the V block, its
@@ -167,20 +167,16 @@ struct WarpOut {
 template <class T>
 struct VFoldToken : WarpOut {
   // Token-wise V, operand fold: P~ = p s_{t,gv} (fp16) per channel group. Each tile's product,
-  // one k-step from zero, is folded at once as raw / f; the offsets sum p~ z / s and the bias
-  // 1024 sum p~ are summed apart per (group, head) and leave every kVFlushTrips trips and at the
-  // end, so the fp32 output never carries more than a few trips' bias. (Chaining the products
-  // over the item, the bias taken out every few chunks, is within the model's bound at f >= 16
-  // but measured no faster: docs/PERFORMANCE.md.)
+  // one k-step from zero, is folded at once as raw / (f 2^-24); the offsets, sum p~ z / s, are
+  // summed apart per (group, head) and join every channel of their group at the item's end.
   static constexpr int kGroups = T::kGroupsD;
   float off[kGroups][2];   // this thread's partial offsets per (group, head)
-  float pbar[kGroups][2];  // this thread's partial sums of p~ per (group, head)
   uint32_t b[kGroups][T::HP][2];  // this chunk's B fragments of P~^T per (group, KV head)
 
   __device__ __forceinline__ void reset() {
     reset_out();
 #pragma unroll
-    for (int gv = 0; gv < kGroups; ++gv) off[gv][0] = off[gv][1] = pbar[gv][0] = pbar[gv][1] = 0.f;
+    for (int gv = 0; gv < kGroups; ++gv) off[gv][0] = off[gv][1] = 0.f;
   }
   __host__ __device__ static constexpr int group_of(int j) { return 16 * j / T::G; }
   // P~ of the warp's 16 tokens, each column scaled by its own KV head's V scales.
@@ -202,7 +198,6 @@ struct VFoldToken : WarpOut {
         ph[e] = f16_bits(pr[e] * sc[e >> 1]);
         const float pt = f16_value(ph[e]);
         off[gv][e & 1] = fmaf(pt, zs[e >> 1], off[gv][e & 1]);
-        pbar[gv][e & 1] += pt;
       }
       p_fragments_per_head<T::HP>(L, ph, b[gv]);
     }
@@ -221,32 +216,24 @@ struct VFoldToken : WarpOut {
   __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
     rescale_out(alpha);
 #pragma unroll
-    for (int gv = 0; gv < kGroups; ++gv)
-      off[gv][0] *= alpha[0], off[gv][1] *= alpha[1], pbar[gv][0] *= alpha[0], pbar[gv][1] *= alpha[1];
+    for (int gv = 0; gv < kGroups; ++gv) off[gv][0] *= alpha[0], off[gv][1] *= alpha[1];
   }
   __device__ __forceinline__ void add_real(int j, const float (&raw)[4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
   }
-  // The warp's offsets and bias, summed over its tokens, into every channel of their group.
-  __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) { flush(); }
-  // The same every kVFlushTrips trips of an item, the sums starting again from zero.
-  __device__ __forceinline__ void flush() {
+  // The warp's offsets, summed over its tokens, into every channel of their group.
+  __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {
 #pragma unroll
     for (int gv = 0; gv < kGroups; ++gv)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const float total = sum_rows(off[gv][hh]), pb = sum_rows(pbar[gv][hh]);
+        const float total = sum_rows(off[gv][hh]);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           if (group_of(j) != gv) continue;
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            float& o = out[j][hh + 2 * hf];
-            o += fmaf(-kVBias / warp_tile_radix<T::BITS>(j, hf), pb, total);
-          }
+          out[j][hh] += total, out[j][hh + 2] += total;
         }
-        off[gv][hh] = pbar[gv][hh] = 0.f;
       }
   }
 };
@@ -254,9 +241,9 @@ struct VFoldToken : WarpOut {
 template <class T>
 struct VFoldChannel : WarpOut {
   // Channel-wise V, accumulator fold: B = p (fp16); each tile's product, from zero, folded with
-  // its group's s / f per channel (of the column's own KV head); when the warp's token group
-  // closes, (z - 1024 s / f) times the warp's own p-sum (its O holds its own tokens only, so no
-  // exchange between warps).
+  // its group's s / (f 2^-24) per channel (of the column's own KV head); when the warp's token
+  // group closes, z times the warp's own p-sum (its O holds its own tokens only, so no exchange
+  // between warps).
   float psum[2];
   float total[2];              // the p-sums of a closing group, for pv()
   uint32_t b[1][T::HP][2];     // this chunk's B fragments of P^T per KV head
@@ -298,7 +285,7 @@ struct VFoldChannel : WarpOut {
         for (int hh = 0; hh < 2; ++hh) {
           float& o = out[j][2 * hf + hh];
           o = fmaf(sf, raw[2 * hf + hh], o);
-          if (group_ends) o = fmaf(fmaf(-kVBias, sf, sz.y), total[hh], o);
+          if (group_ends) o = fmaf(sz.y, total[hh], o);
         }
       }
     });
@@ -312,7 +299,6 @@ struct VFoldChannel : WarpOut {
     for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
   }
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
-  __device__ __forceinline__ void flush() {}
 };
 
 template <class T>
@@ -343,13 +329,13 @@ struct VDequant : WarpOut {
         const __half2* par = reinterpret_cast<const __half2*>(v_par[hp]);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          // (1024 + f c) s / f + z - 1024 s / f per token of the pair
+          // (f c 2^-24) s / (f 2^-24) + z per token of the pair
           const float f = warp_tile_radix<T::BITS>(j, r & 1);
           const float2 v = unpack_f16x2(a[hp][r]);
           const int tok = 16 * L.warp + 2 * L.t + 8 * (r >> 1);
           const float2 sz0 = __half22float2(par[tok * kGroups + gv]), sz1 = __half22float2(par[(tok + 1) * kGroups + gv]);
           const float s0 = sz0.x / f, s1 = sz1.x / f;
-          a[hp][r] = pack_f16x2(fmaf(v.x, s0, sz0.y - kVBias * s0), fmaf(v.y, s1, sz1.y - kVBias * s1));
+          a[hp][r] = pack_f16x2(fmaf(v.x, s0, sz0.y), fmaf(v.y, s1, sz1.y));
         }
         pv_tile(out[j], a[hp], b[0][hp]);
       }
@@ -363,7 +349,6 @@ struct VDequant : WarpOut {
     for (int e = 0; e < 4; ++e) out[j][e] += raw[e];
   }
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
-  __device__ __forceinline__ void flush() {}
 };
 
 // Policies per (K mode, V mode, ablation).
@@ -511,9 +496,8 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
   merge_splits<T>(p, s, L, w);
 }
 
-// The consumer warpgroup: the items of this CTA, chunk by chunk; BLOCKS: the trips in blocks
-// of kVFlushTrips.
-template <class T, class KSide, class VSide, bool BLOCKS>
+// The consumer warpgroup: the items of this CTA, chunk by chunk.
+template <class T, class KSide, class VSide>
 __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
   const Lane L(threadIdx.x - 128, p.ratio, T::HP);
   RingCursor<T> ring;  // the current trip's stages
@@ -534,7 +518,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       ring.next_trip();
     }
     // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it.
-    auto trip = [&](int c, bool flush) {
+    auto trip = [&](int c) {
       // This trip's stages: V of chunk c (codes, parameters) and K of chunk c + 1.
       const uint8_t* v_blk[T::HP];
       const uint8_t* v_par[T::HP];
@@ -561,20 +545,16 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       vs.begin(s, L, v_par, group_ends, pr);
 
       // S of chunk c + 1 on wgmma, head by head (the last chunk's runs on stale operands and is
-      // discarded), and chunk c's PV on this warp's mma.sync while each runs. A flush inside the
-      // trip goes beside S's first wgmma, which the warp waits on anyway (at the trip's end: 2-5 %
-      // slower).
+      // discarded), and chunk c's PV on this warp's mma.sync while each runs.
       zero_accumulators(ks.acc);
       if constexpr (T::HP == 1) {
         if (!last) ss.prepare(c + 1, 0);
         ss.issue(0);
-        if (flush) vs.flush();
         vs.template pv<0, 4>(s, L, v_blk, v_par, group_ends);
         ss.complete();
       } else {
         if (!last) ss.prepare(c + 1, 0);
         ss.issue(0);
-        if (flush) vs.flush();
         vs.template pv<0, FOSCAR_PV_SPLIT>(s, L, v_blk, v_par, group_ends);
         ss.complete();
         if (!last) ss.prepare(c + 1, 1);
@@ -584,20 +564,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       }
       ss.release();
     };
-    // Every kVFlushTrips trips token-wise V's sums of p~ and offsets leave the output, so that
-    // its fp32 never holds more than that many trips' bias (an item of any length keeps the
-    // exact fold's error; docs/PERFORMANCE.md, v16): between blocks of trips, or inside the
-    // trip (DecodeShape::kFlushBetweenBlocks says which is faster for this kernel).
-    if constexpr (BLOCKS) {
-      for (int c0 = w.chunk_begin; c0 < w.chunk_end; c0 += kVFlushTrips) {
-        if (c0 > w.chunk_begin) vs.flush();
-        const int c1 = min(c0 + kVFlushTrips, w.chunk_end);
-        for (int c = c0; c < c1; ++c, ring.next_trip()) trip(c, false);
-      }
-    } else {
-      for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip())
-        trip(c, c > w.chunk_begin && ((c - w.chunk_begin) & (kVFlushTrips - 1)) == 0);
-    }
+    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) trip(c);
 
     if (L.tid == 0) timeline_stamp(p, item, kTlLastTrip);
     if constexpr (T::kHasTail) {

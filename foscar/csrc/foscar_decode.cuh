@@ -15,18 +15,19 @@
 // V mode) is a pair of policy types:
 //   KFoldToken   : accumulator fold per channel group,  score = s (acc - 1024 q'/f) + z sum q
 //   KFoldChannel : operand fold, Q~ = q s / f rebuilt in shared memory once per token group
-//   VFoldToken   : operand fold, P~ = p s; offsets and the bias summed apart per (group, head)
+//   VFoldToken   : operand fold, P~ = p s; the offsets summed apart per (group, head)
 //   VFoldChannel : accumulator fold, each product folded with s / f, z at the group's end
 // and the dequantize-first ablation is KDequant / VDequant: the same data path, with every
 // element turned into s c + z before the MMA.
 //
-// Precision (docs/PERFORMANCE.md, "v7"): the Tensor Cores cut every addend towards zero at the
-// alignment of the largest (foscar/tcmodel.py), so an accumulator fed with biased operands
-// (1024 + f c, positive probabilities) loses a part of the signal of one sign, in proportion to
-// how many MMAs it chains and to the bias over the radix factor f. v4 chained 32 and failed past
-// 32K tokens; here every PV product is one k-step from zero, folded into the fp32 output at
-// once, and every V code is read at f >= 16, which keeps that loss below rounding at every
-// context length (foscar/precision.py models it).
+// Precision (docs/PERFORMANCE.md, "v7" and "v23"): the Tensor Cores cut every addend towards
+// zero at the alignment of the largest (foscar/tcmodel.py), so an accumulator fed with biased
+// operands (1024 + f c, positive probabilities) loses a part of the signal of one sign, in
+// proportion to how many MMAs it chains and to the bias over the radix factor f. v4 chained 32
+// and failed past 32K tokens. Here the V operands carry no bias (fp16 subnormals f c 2^-24,
+// inject_v) and every PV product is one k-step from zero, folded into the fp32 output at once:
+// the cut is a few parts in 2^25 of the signal at every context length (foscar/precision.py
+// models it).
 #pragma once
 
 #include <math.h>
@@ -146,8 +147,6 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
 
 constexpr int kD = 128;           // head dim (the one instantiated)
 constexpr int kChunk = 64;        // tokens per ring stage and per S = K Q^T wgmma (M = 64)
-constexpr int kVFlushTrips = 32;  // token-wise V's bias and offsets leave the output this often (foscar/precision.py)
-static_assert((kVFlushTrips & (kVFlushTrips - 1)) == 0, "the consumers test a trip's count with a mask");
 constexpr int kN = 8;             // query heads on N
 constexpr int kConsumerThreads = 128;
 constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warpgroup (0 is __syncthreads)
@@ -190,17 +189,6 @@ struct DecodeShape {
   static constexpr bool KCH = KCH_, VCH = VCH_, DEQ = DEQ_;
   static constexpr int HP = HP_;  // KV heads per item (1, or 2 paired: kv_heads_per_item)
   static_assert(HP == 1 || HP == 2, "an item holds one KV head or a pair");
-  // Where token-wise V's flush runs (consume(); docs/PERFORMANCE.md, v17 and v18). The paired
-  // G = 128 kernels with channel-wise K can run their trips in blocks of kVFlushTrips and flush
-  // between blocks: no test in the trip, 2.7 % fewer instructions, INT4 level to 1.7 % faster over
-  // the grid, INT2 1.3-2.5 % faster on long items. INT2's kernel in blocks spills around the
-  // nested loop (at four CTAs per SM), which costs 3-5 % on items that never flush (32 chunks or
-  // fewer), so those items run it flat: a second instance, chosen per launch (decode_kernel_for).
-  // The others flush beside S's first wgmma of every kVFlushTrips-th trip: in blocks, INT2
-  // token/token (which then spills more) measured 1.5-3.7 % slower and the one-head kernels 1-3 %
-  // slower at batch 1; other groups were not measured in blocks.
-  static constexpr bool kFlushBetweenBlocks = HP == 2 && G == 128 && KCH && !VCH && !DEQ;
-  static constexpr bool kFlatShortItems = kFlushBetweenBlocks && BITS == 2;
   static constexpr int kCodeBytes = kChunk * kD * BITS / 8;     // one tensor's codes of one chunk
   static constexpr int kGroupsD = kD / G;                        // channel groups (token-wise modes)
   static constexpr int kGroupsT = G >= kChunk ? 1 : kChunk / G;  // token groups in a chunk (channel-wise)
@@ -1009,13 +997,10 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
 
 namespace foscar {
 
-// BLOCKS: the consumers run an item's trips in blocks of kVFlushTrips (DecodeShape::
-// kFlushBetweenBlocks; decode_kernel_for() picks the instance per launch).
-template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, bool BLOCKS>
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
 __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kCtasPerSm)
     foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
   using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
-  static_assert(!BLOCKS || T::kFlushBetweenBlocks, "only the kernels that flush between blocks run in blocks");
   SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(dynamic_smem());
   if (threadIdx.x == 0) {
     for (int i = 0; i < T::kStages; ++i) {
@@ -1031,23 +1016,7 @@ __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>:
     if (threadIdx.x == 0) produce<T>(p, s);
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
-    consume<T, KSideOf<T>, VSideOf<T>, BLOCKS>(p, s);
-  }
-}
-
-// The kernel instance a launch runs: in blocks where the shape flushes between blocks, except
-// INT2's items that never flush (chunks_per_split <= kVFlushTrips), which run flat. Only the
-// instances a launch can pick are instantiated.
-using DecodeKernel = void (*)(DecodeParams);
-template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
-inline DecodeKernel decode_kernel_for(int chunks_per_split) {
-  using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
-  if constexpr (T::kFlatShortItems) {
-    return chunks_per_split > kVFlushTrips ? foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP, true>
-                                           : foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP, false>;
-  } else {
-    (void)chunks_per_split;
-    return foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP, T::kFlushBetweenBlocks>;
+    consume<T, KSideOf<T>, VSideOf<T>>(p, s);
   }
 }
 

@@ -21,7 +21,7 @@ struct EmuLaunch {
   static int run(const FoscarDecodeArgs& a, void*) {
     using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
     const DecodeParams p = make_params(a);
-    const DecodeKernel kernel = decode_kernel_for<BITS, G, KCH, VCH, DEQ, HP>(a.units_per_split);
+    const auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP>;
     const unsigned threads = T::kThreads;
     // One host thread per CUDA thread for the whole grid: they run the CTAs one after another
     // and meet at the CTA's barrier between two (shared memory is reused, as on a GPU).

@@ -15,10 +15,7 @@ namespace foscar {
 struct CudaLaunch {
   template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
   static int run(const FoscarDecodeArgs& a, void* stream_ptr) {
-    // The launch's kernel (its loop: decode_kernel_for), and every kernel of this instance for the set-up.
-    const DecodeKernel kernel = decode_kernel_for<BITS, G, KCH, VCH, DEQ, HP>(a.units_per_split);
-    const DecodeKernel kernels[2] = {decode_kernel_for<BITS, G, KCH, VCH, DEQ, HP>(1),
-                                     decode_kernel_for<BITS, G, KCH, VCH, DEQ, HP>(kVFlushTrips + 1)};
+    const auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP>;
     constexpr int smem = decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP>();
     using Tr = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;  // its CTAs per SM fit its shared memory
     const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
@@ -45,13 +42,10 @@ struct CudaLaunch {
                        "the GPU gives " + std::to_string(limit) + "; build with fewer stages";
         return 2;
       }
-      for (const DecodeKernel k : kernels) {
-        if (e != cudaSuccess) break;
-        e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        // All of the unified L1 as shared memory, so that kCtasPerSm CTAs fit where their rings do.
-        if (e == cudaSuccess)
-          e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-      }
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      // All of the unified L1 as shared memory, so that kCtasPerSm CTAs fit where their rings do.
+      if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
       if (e != cudaSuccess) {
         last_error() = std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
         return 1;

@@ -88,32 +88,4 @@ def static_for_backend(backend: Any, case: Any, build: Any, *, sass_text: str | 
     dequant = getattr(backend, "variant", "fold") == "dequant"
     max_heads = build.kv_heads_per_item(case.num_q_heads, case.num_kv_heads)
     hits = analyze_build(build, decode_kernel_regex(case, dequant, max_heads), sass_text=sass_text)
-    if len(hits) > 1:  # one instance per loop (foscar.kernels.runs_in_blocks): the launch's
-        blocks = _planned_blocks(case, dequant, max_heads)
-        if blocks is not None:
-            hits = [h for h in hits if h[0].replace(" ", "").endswith(f",{str(blocks).lower()}>(foscar::DecodeParams)")] or hits
     return hits[0][1] if hits else None
-
-
-def _planned_blocks(case: Any, dequant: bool, max_heads: int | None) -> bool | None:
-    """Whether the launch for `case` on this machine's GPU runs the trips in blocks; None
-    without a CUDA GPU (the plan needs its SM count)."""
-    import math
-
-    import torch
-
-    from baselines.foscar import quant_config
-    from foscar import kernels
-
-    if not torch.cuda.is_available():
-        return None
-    heads = kernels.planned_kv_heads_per_item(case.batch, case.num_kv_heads, max_heads or 1)
-    variant = "dequant" if dequant else "fold"
-    cfg = quant_config(case)
-    ctas = kernels.load_library().foscar_ctas_per_sm(*kernels.kernel_instance(cfg, variant), heads)
-    packed = case.kv_len - (case.kv_len % case.group_size if cfg.has_tail else 0)
-    plan = kernels.plan_launch(case.batch, case.num_kv_heads, math.ceil(packed / kernels.CHUNK_TOKENS),
-                               torch.cuda.get_device_properties(0).multi_processor_count, ctas, heads,
-                               kernels.MAX_ITEM_CHUNKS[case.bits])
-    return kernels.runs_in_blocks(case.bits, case.group_size, case.k_mode, case.v_mode, variant, heads,
-                                  plan.chunks_per_split)

@@ -133,22 +133,6 @@ def test_decode_kernel_names_parse_to_their_template_arguments():
     name = "void foscar::foscar_decode_kernel<2, 64, true, false, true, 2>(foscar::DecodeParams)"
     assert build.decode_template_args(name) == (2, 64, 1, 0, 1, 2)
     assert build.decode_template_args("void at::native::vectorized_elementwise_kernel<4>(int)") is None
-    # The loop (the last argument, the launch's) names no other instance for the C API's queries.
-    for loop in ("true", "false"):
-        name = f"void foscar::foscar_decode_kernel<2, 128, true, false, false, 2, {loop}>(foscar::DecodeParams)"
-        assert build.decode_template_args(name) == (2, 128, 1, 0, 0, 2)
-
-
-@pytest.mark.parametrize("bits,chunks,blocks", [(4, 1, True), (4, 32, True), (4, 600, True),
-                                                 (2, 1, False), (2, 32, False), (2, 33, True), (2, 600, True)])
-def test_paired_channel_token_kernels_run_in_blocks_except_short_int2_items(bits, chunks, blocks):
-    # foscar_decode.cuh's decode_kernel_for: INT2's blocked loop spills and loses 3-5 % on items
-    # that never flush (docs/PERFORMANCE.md, v18); the emulator runs the instance the GPU would.
-    assert kernels.runs_in_blocks(bits, 128, "channel", "token", "fold", 2, chunks) is blocks
-    assert not kernels.runs_in_blocks(bits, 128, "channel", "token", "fold", 1, chunks)
-    assert not kernels.runs_in_blocks(bits, 128, "channel", "token", "dequant", 2, chunks)
-    assert not kernels.runs_in_blocks(bits, 64, "channel", "token", "fold", 2, chunks)
-    assert not kernels.runs_in_blocks(bits, 128, "token", "token", "fold", 2, chunks)
 
 
 def test_build_reports_each_decode_kernels_shared_memory():

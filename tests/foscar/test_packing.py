@@ -110,9 +110,10 @@ def test_every_v_position_follows_the_formula(bits):
 def test_radix_factors():
     assert packing.radix_factors(4, "k") == [1, 16, 1, 16]
     assert packing.radix_factors(2, "k") == [1, 4, 16, 64, 256, 1, 4, 16]
-    assert packing.radix_factors(4, "v") == [16, 16, 16, 16]
-    assert packing.radix_factors(2, "v") == [16, 16, 16, 64, 256, 16, 64, 256]
-    assert packing.extraction_schedule(4, "v") == ((-4, 0x00F000F0), (0, 0x00F000F0), (4, 0x00F000F0), (8, 0x00F000F0))
+    assert packing.radix_factors(4, "v") == [1, 16, 1, 16]
+    assert packing.radix_factors(2, "v") == [1, 1, 16, 64, 256, 16, 64, 256]
+    assert packing.extraction_schedule(4, "v") == packing.extraction_schedule(4, "k")
+    assert packing.extraction_schedule(2, "v")[1] == (2, 0x00030003)
     assert packing.extraction_schedule(4, "k") == ((0, 0x000F000F), (0, 0x00F000F0), (8, 0x000F000F), (8, 0x00F000F0))
 
 
@@ -120,14 +121,14 @@ def test_radix_factors():
 @pytest.mark.parametrize("bits", WIDTHS)
 def test_channel_radix(bits, head_dim):
     """K: channel d at position (d // 8) % P, whatever the token. V: channel 32 w + 8 b + g is
-    worth the factor of its block b (INT2: 64, 16, 256, 16; INT4: 16)."""
+    worth the factor of its block b (INT2: 64, 1, 256, 16; INT4: 1, 16, 1, 16)."""
     per_half = 16 // bits
     channels = torch.arange(head_dim)
     assert torch.equal(packing.channel_positions(bits, "k", head_dim), (channels // 8) % per_half)
     factors = torch.tensor(packing.radix_factors(bits, "k"))
     assert torch.equal(packing.channel_radix(bits, "k", head_dim), factors[(channels // 8) % per_half])
     block = (channels % 32) // 8
-    v_factor = torch.tensor([64, 16, 256, 16])[block] if bits == 2 else torch.full((head_dim,), 16, dtype=torch.int64)
+    v_factor = torch.tensor([64, 1, 256, 16] if bits == 2 else [1, 16, 1, 16])[block]
     assert torch.equal(packing.channel_radix(bits, "v", head_dim), v_factor)
 
 
@@ -135,18 +136,19 @@ def test_channel_radix(bits, head_dim):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("bits", WIDTHS)
 def test_extraction_gives_bias_plus_f_times_code(rng, bits, kind, head_dim):
-    """extract() read as two fp16 values is 1024 + f_k * c of the right codes."""
+    """extract() read as two fp16 values is bias + unit f_k c of the right codes (K: 1024 + f_k c,
+    V: the fp16 subnormal f_k c 2^-24)."""
     codes = random_codes(rng, bits, 2, head_dim, kind)
     words = packing.pack_tiles(codes, bits, kind)
     positions = packing.tile_positions(bits, kind, head_dim)
     flat = codes.view(2, -1).double()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[packing.OPERANDS[kind][0]]
-    bias = packing.OPERANDS[kind][1]
+    bias, unit = packing.OPERANDS[kind][1], packing.OPERANDS[kind][3]
     for k in range(16 // bits):
         made = packing.extract(words, bits, kind, k)
         values = made.view(torch.int16).view(dtype).double().view(2, -1, 2)
         f = packing.radix_factors(bits, kind)[k]
-        expected = bias + f * flat[:, positions[:, :, k]]  # [2, words, 2 halves]
+        expected = bias + unit * f * flat[:, positions[:, :, k]]  # [2, words, 2 halves]
         assert torch.equal(values, expected)
 
 
