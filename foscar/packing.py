@@ -64,10 +64,11 @@ def extraction_schedule(bits: int, kind: str) -> tuple[tuple[int, int], ...]:
             return ((0, 0xF * pair), (0, 0xF0 * pair), (8, 0xF * pair), (8, 0xF0 * pair))
         return tuple((0, (3 << 2 * k) * pair) for k in range(5)) + tuple((10, (3 << 2 * k) * pair) for k in range(3))
     # V, fp16 subnormals (bits 0-10, no bias): INT4 as K; INT2 so that the two positions of one
-    # channel block share a factor (see _V2_SLOT): 1 from w >> 2, 5-7 from w >> 6.
+    # channel block share a factor (see _V2_SLOT), every code at f >= 4: 0 from w << 2, 5-7 from
+    # w >> 6.
     if bits == 4:
         return ((0, 0xF * pair), (0, 0xF0 * pair), (8, 0xF * pair), (8, 0xF0 * pair))
-    return ((0, 0x3 * pair), (2, 0x3 * pair), (0, 0x30 * pair), (0, 0xC0 * pair),
+    return ((-2, 0xC * pair), (0, 0xC * pair), (0, 0x30 * pair), (0, 0xC0 * pair),
             (0, 0x300 * pair), (6, 0x30 * pair), (6, 0xC0 * pair), (6, 0x300 * pair))
 
 

@@ -9,8 +9,10 @@ Operands are made here from a seed (numpy), so the file holds only the seeds and
 outputs. Families of operands: `wide` (random signs and exponents), `sensitive` (products
 spread over ~60 binades, so the alignment cut shows), `cancel` (the accumulator cancels the
 products: the rounding of a small result shows), `biased` (the kernels' case: injected codes
-128 + f c or 1024 + f c against positive probabilities, a large positive accumulator) and
-`centred` (codes f (c - mid), signed).
+128 + f c or 1024 + f c against positive probabilities, a large positive accumulator),
+`centred` (codes f (c - mid), signed) and, fp16 only, `subnormal` (the kernels' V operands since
+v23: the fp16 patterns f c, worth f c 2^-24, against positive probabilities spread over 24
+binades, from a zero accumulator as the kernels' one-k-step products).
 Instructions: mma.sync.m16n8k16, wgmma.m64n8k16 (A in registers, B in shared memory through
 the kernels' own descriptor), and chains of 8 wgmma into one accumulator in one commit group.
 """
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from foscar import tcmodel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = ("wide", "sensitive", "cancel", "biased", "centred")
+FAMILIES = ("wide", "sensitive", "cancel", "biased", "centred", "subnormal")
 DTYPES = ("bf16", "fp16")
 # instruction -> (rows M, instructions per chain, instances)
 INSTRUCTIONS = {"mma_sync": (16, 1, 1024), "wgmma": (64, 1, 256), "wgmma_chain8": (64, 8, 256 * 8)}
@@ -66,6 +68,14 @@ def make_operands(family: str, dtype: str, m: int, n_inst: int, chain: int, seed
         if family == "centred":
             b = b * sign(b_shape)
         c = None
+    elif family == "subnormal":
+        wide4 = rng.random((n_inst, m, 1)) < 0.5  # half the rows INT4 (f 1 or 16), half INT2 (f 1 to 256)
+        codes = np.where(wide4, rng.integers(0, 16, a_shape), rng.integers(0, 4, a_shape)).astype(np.float64)
+        f = np.where(wide4, 2.0 ** (4 * rng.integers(0, 2, (n_inst, m, 1))),
+                     2.0 ** (2 * rng.integers(0, 5, (n_inst, m, 1))))
+        a = f * codes * 2.0**-24
+        b = rng.uniform(0.5, 1.0, b_shape) * 2.0 ** rng.integers(-24, 0, b_shape)
+        c = np.zeros(c_shape)
     else:
         raise ValueError(family)
     a_bits = tcmodel.operand_bits(a, dtype)
@@ -88,6 +98,10 @@ def cases():
     for instr, (m, chain, n_inst) in INSTRUCTIONS.items():
         for dtype in DTYPES:
             for family in FAMILIES:
+                if family == "subnormal":  # seeds of their own: the recorded probes keep theirs
+                    if dtype == "fp16":
+                        yield instr, dtype, family, m, chain, n_inst, 2000 + list(INSTRUCTIONS).index(instr)
+                    continue
                 seed += 1
                 yield instr, dtype, family, m, chain, n_inst, 1000 + seed
 
@@ -137,7 +151,10 @@ def run(out: Path) -> None:
         # shows as an O(1) error, rounding as ~1e-7.
         exact = model_outputs(tcmodel.MmaModel(extra_bits=40, block=16, rounding="rne"), a, b, c, dtype, chain)
         scale = np.abs(exact).max() + 1e-30
-        print(f"{instr:13s} {dtype} {family:9s} max |gpu - exact| / max|exact| = {np.abs(d - exact).max() / scale:.2e}")
+        h200 = model_outputs(tcmodel.H200_MMA, a, b, c, dtype, chain)
+        print(f"{instr:13s} {dtype} {family:9s} max |gpu - exact| / max|exact| = {np.abs(d - exact).max() / scale:.2e}, "
+              f"outputs unlike the H200 model {(h200 != d).mean():.2%}, relative error per output (median, max) "
+              f"{np.median(np.abs(d - exact) / (np.abs(exact) + 1e-300)):.1e}, {(np.abs(d - exact) / (np.abs(exact) + 1e-300)).max():.1e}")
     meta = np.array([f"{k}|{seed}" for k, *_, seed in
                      [(f'{i}/{d}/{f}', m, ch, n, s) for i, d, f, m, ch, n, s in cases()]])
     np.savez_compressed(out, meta=meta, **{k.replace("/", "__"): v for k, v in results.items()})

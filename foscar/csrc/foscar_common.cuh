@@ -55,22 +55,23 @@ __host__ __device__ __forceinline__ uint32_t inject_k(uint32_t w) {
 // or P is fp16 too): an fp16 whose exponent field is 0 or 1 is worth its bit pattern times
 // 2^-24, so any code whose bits lie in 0-10 is read exactly, and the product's sum holds the
 // signal only. With no bias there is nothing for the Tensor Cores' cut toward zero to take
-// from one side (docs/PERFORMANCE.md, v4 and v23), so a code may sit at any factor, f = 1 included.
+// from one side (docs/PERFORMANCE.md, v4 and v23).
 // The unit 2^-24 rides in the fold with the factor (kVUnit v_radix).
 //   INT4: positions 0, 1 in place (bits 0-3, 4-7: f = 1, 16); 2, 3 from w >> 8 (f = 1, 16), as
 //   K (1 shift and 4 LOP3 per 8 codes).
-//   INT2: positions 0, 2, 3, 4 in place, 1 from w >> 2, 5-7 from w >> 6 (f = 1, 1, 16, 64, 256,
-//   16, 64, 256), so that the two positions of each channel block share a factor: blocks 0-3
-//   (positions (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 1, 256, 16 (2 shifts and 8 LOP3 per 16
-//   codes).
+//   INT2: position 0 from w << 2, 1-4 in place, 5-7 from w >> 6 (f = 4, 4, 16, 64, 256, 16, 64,
+//   256), so that the two positions of each channel block share a factor: blocks 0-3 (positions
+//   (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 4, 256, 16 (2 shifts, one of them an IMAD, and 8
+//   LOP3 per 16 codes). Read at f = 1 instead (1 from w >> 2), INT2's error grew with the context
+//   on the H200 (1.67e-3 at 4K to 1.83e-3 at 256K), where at f >= 4 it holds (PERFORMANCE.md, v23).
 constexpr float kVUnit = 0x1p-24f;  // an fp16 pattern's worth below 2^-13 (exponent field 0 or 1)
 template <int BITS>
-__host__ __device__ constexpr int v_shift(int k) {  // right shift
-  return BITS == 4 ? (k < 2 ? 0 : 8) : (k == 1 ? 2 : k < 5 ? 0 : 6);
+__host__ __device__ constexpr int v_shift(int k) {  // > 0: right shift, < 0: left shift
+  return BITS == 4 ? (k < 2 ? 0 : 8) : (k == 0 ? -2 : k < 5 ? 0 : 6);
 }
 template <int BITS>
 __host__ __device__ constexpr int v_lsb(int k) {
-  return BITS == 4 ? 4 * (k % 2) : (k < 2 ? 0 : k < 5 ? 2 * k : 2 * k - 6);
+  return BITS == 4 ? 4 * (k % 2) : (k < 5 ? (k < 2 ? 2 : 2 * k) : 2 * k - 6);
 }
 template <int BITS>
 __host__ __device__ constexpr float v_radix(int k) {  // the operand holds kVUnit v_radix c
@@ -78,8 +79,9 @@ __host__ __device__ constexpr float v_radix(int k) {  // the operand holds kVUni
 }
 template <int BITS, int K>
 __host__ __device__ __forceinline__ uint32_t inject_v(uint32_t w) {
+  constexpr int sh = v_shift<BITS>(K);
   constexpr uint32_t mask = (((1u << BITS) - 1u) << v_lsb<BITS>(K)) * kPair;
-  return (w >> v_shift<BITS>(K)) & mask;
+  return (sh < 0 ? w << (sh < 0 ? -sh : 0) : w >> (sh > 0 ? sh : 0)) & mask;
 }
 // INT2 V: the position holding channel block b (0..3) at token offset o (0: tokens 2t, 2t+1;
 // 1: tokens 2t+8, 2t+9) of a k-step's word.

@@ -111,9 +111,9 @@ def test_radix_factors():
     assert packing.radix_factors(4, "k") == [1, 16, 1, 16]
     assert packing.radix_factors(2, "k") == [1, 4, 16, 64, 256, 1, 4, 16]
     assert packing.radix_factors(4, "v") == [1, 16, 1, 16]
-    assert packing.radix_factors(2, "v") == [1, 1, 16, 64, 256, 16, 64, 256]
+    assert packing.radix_factors(2, "v") == [4, 4, 16, 64, 256, 16, 64, 256]
     assert packing.extraction_schedule(4, "v") == packing.extraction_schedule(4, "k")
-    assert packing.extraction_schedule(2, "v")[1] == (2, 0x00030003)
+    assert packing.extraction_schedule(2, "v")[0] == (-2, 0x000C000C)
     assert packing.extraction_schedule(4, "k") == ((0, 0x000F000F), (0, 0x00F000F0), (8, 0x000F000F), (8, 0x00F000F0))
 
 
@@ -121,14 +121,14 @@ def test_radix_factors():
 @pytest.mark.parametrize("bits", WIDTHS)
 def test_channel_radix(bits, head_dim):
     """K: channel d at position (d // 8) % P, whatever the token. V: channel 32 w + 8 b + g is
-    worth the factor of its block b (INT2: 64, 1, 256, 16; INT4: 1, 16, 1, 16)."""
+    worth the factor of its block b (INT2: 64, 4, 256, 16; INT4: 1, 16, 1, 16)."""
     per_half = 16 // bits
     channels = torch.arange(head_dim)
     assert torch.equal(packing.channel_positions(bits, "k", head_dim), (channels // 8) % per_half)
     factors = torch.tensor(packing.radix_factors(bits, "k"))
     assert torch.equal(packing.channel_radix(bits, "k", head_dim), factors[(channels // 8) % per_half])
     block = (channels % 32) // 8
-    v_factor = torch.tensor([64, 1, 256, 16] if bits == 2 else [1, 16, 1, 16])[block]
+    v_factor = torch.tensor([64, 4, 256, 16] if bits == 2 else [1, 16, 1, 16])[block]
     assert torch.equal(packing.channel_radix(bits, "v", head_dim), v_factor)
 
 
