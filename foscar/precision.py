@@ -175,12 +175,13 @@ V4 = VArithmetic("v4: bf16 128 + f c, flushed every 8 chunks per warp", centred=
 
 
 def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
-                 mma: tcmodel.MmaModel = tcmodel.H200_MMA, seq: int = 0,
+                 mma: tcmodel.MmaModel | None = None, seq: int = 0,
                  kv_heads: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(modelled output, float64 reference) of one sequence, [kv_heads, ratio, head_dim] each.
 
     The cache must hold no BF16 tail for this sequence (a length that is a multiple of G)."""
     cfg, dim = cache.config, cache.head_dim
+    mma = mma or tcmodel.h200("bf16" if arith.operand == "bf16" else "fp16")  # the H200's, by operand type
     view = logical_view(cache, seq)
     if view.k_tail.shape[0]:
         raise ValueError("model_output takes sequences without a BF16 tail (length a multiple of the group size).")
@@ -431,7 +432,9 @@ def v7_first_radix(bits: int, dim: int) -> np.ndarray:
 
 
 # The arithmetic of the kernels in foscar/csrc since v23: V operands fp16 subnormals f c 2^-24
-# (no bias; INT4 codes read in place at f = 1 and 16, INT2 at 1 to 256: packing.py's schedule),
+# (no bias; INT4 codes read in place at f = 1 and 16, INT2 at 4 to 256: packing.py's schedule;
+# the H200 aligns a subnormal by its exponent field, tcmodel.H200_MMA_FP16, and INT2 codes read at
+# f = 1 lost about 2^-15 of each product toward zero, a loss that grew with the context),
 # p~ fp16; each warp's 16-token product (one k-step) starts from zero and is folded into the
 # fp32 output at once; the offsets leave through a sum of p~ z / s at the item's end. With no
 # bias in the output there is nothing to flush (v16-v22 flushed every V_FLUSH_TRIPS trips).

@@ -38,12 +38,15 @@ class MmaModel:
         keeps one bit fewer), "product" its true leading exponent.
     rounding: how the exact sum of the cut addends becomes fp32 ("rz": towards zero,
         "rne": to nearest even).
+    subnormal_lead: None, an operand's exponent is its leading bit's; n, an operand below 2^n
+        (an fp16 subnormal, n = -14) counts as 2^n: its exponent field, not normalised.
     The accumulator c is aligned together with the K products, by its own exponent.
     """
 
     extra_bits: int = 2
     lead: str = "operands"
     rounding: str = "rz"
+    subnormal_lead: int | None = None
 
     def __post_init__(self) -> None:
         if self.rounding not in ROUNDINGS:
@@ -53,14 +56,18 @@ class MmaModel:
 
     @property
     def name(self) -> str:
-        return f"e{self.extra_bits}-{self.lead}-{self.rounding}"
+        sub = "" if self.subnormal_lead is None else f"-sub{self.subnormal_lead}"
+        return f"e{self.extra_bits}-{self.lead}-{self.rounding}{sub}"
 
     def dot(self, c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """c [...] plus sum_k a[..., k] b[..., k] as one MMA computes it (values, float64)."""
         c = np.asarray(c, dtype=np.float64)
         products = a * b  # exact: 8x8 or 11x11 significand bits fit a double
         if self.lead == "operands":
-            lead_p = np.where(products != 0, _lead(a) + _lead(b), _NONE)
+            la, lb = _lead(a), _lead(b)
+            if self.subnormal_lead is not None:
+                la, lb = np.maximum(la, self.subnormal_lead), np.maximum(lb, self.subnormal_lead)
+            lead_p = np.where(products != 0, la + lb, _NONE)
         else:
             lead_p = _lead(products)
         e_max = np.maximum(lead_p.max(axis=-1), _lead(c))
@@ -121,7 +128,8 @@ def mma_chain(model: MmaModel, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> n
 
 def candidates() -> list[MmaModel]:
     """The family members the probe's data is fitted against."""
-    return [MmaModel(extra_bits=e, lead=lead, rounding=rnd) for e in range(0, 7) for lead in LEADS for rnd in ROUNDINGS]
+    return [MmaModel(extra_bits=e, lead=lead, rounding=rnd, subnormal_lead=sub) for e in range(0, 7) for lead in LEADS
+            for rnd in ROUNDINGS for sub in (None, -14)]
 
 
 # What scripts/probe_tc.py measured on the H200 (docs/PERFORMANCE.md, "the Tensor Cores'
@@ -131,3 +139,15 @@ def candidates() -> list[MmaModel]:
 # towards zero: bit-exact on every recorded output of mma.sync.m16n8k16 and wgmma.m64n8k16
 # (bf16 and fp16 operands, single instructions and chains of 8 in one commit group).
 H200_MMA = MmaModel(extra_bits=2, lead="operands", rounding="rz")
+# fp16 operands below 2^-14 (subnormals, the V operands since v23) are aligned by their exponent
+# field, -14, not by their leading bit: a product of a subnormal is cut as if it were up to 2^10
+# larger (scripts/probe_tc.py's `subnormal` family, bit-exact on mma.sync, wgmma and chains of
+# 8). bf16's subnormals lie below 2^-126, where no operand of ours goes.
+H200_MMA_FP16 = MmaModel(extra_bits=2, lead="operands", rounding="rz", subnormal_lead=-14)
+
+
+def h200(dtype: str) -> MmaModel:
+    """The H200's MMA for operands of `dtype` ('bf16' or 'fp16')."""
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype={dtype!r}; expected 'bf16' or 'fp16'")
+    return H200_MMA_FP16 if dtype == "fp16" else H200_MMA

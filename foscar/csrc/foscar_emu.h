@@ -131,12 +131,15 @@ inline double f16_at(uint32_t word, int half) {
   return __half2float(__half(r));
 }
 
-// The H200's MMA accumulation of one output (foscar/tcmodel.py, H200_MMA).
-inline float tc_dot(float c, const double (&a)[16], const double (&b)[16]) {
+// The H200's MMA accumulation of one output (foscar/tcmodel.py, h200(dtype)): fp16 operands
+// below 2^-14 (subnormals) count as 2^-14 where the products are aligned.
+inline float tc_dot(float c, const double (&a)[16], const double (&b)[16], bool f16) {
+  const int floor_exp = f16 ? -14 : INT_MIN / 4;
   int e_max = INT_MIN;
   if (c != 0.f) e_max = std::ilogb(static_cast<double>(c));
   for (int k = 0; k < 16; ++k)
-    if (a[k] != 0.0 && b[k] != 0.0) e_max = std::max(e_max, std::ilogb(a[k]) + std::ilogb(b[k]));
+    if (a[k] != 0.0 && b[k] != 0.0)
+      e_max = std::max(e_max, std::max(std::ilogb(a[k]), floor_exp) + std::max(std::ilogb(b[k]), floor_exp));
   if (e_max == INT_MIN) return c;
   const double quantum = std::ldexp(1.0, e_max - 25);
   double sum = std::trunc(static_cast<double>(c) / quantum);
@@ -268,7 +271,7 @@ inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
     const int row = 16 * warp + g + 8 * (e / 2), col = 2 * t + (e % 2);
     double a[16], b[16];
     for (int k = 0; k < 16; ++k) a[k] = A(row, k), b[k] = Bv(k, col);
-    out[e] = tc_dot(d[e], a, b);
+    out[e] = tc_dot(d[e], a, b, F16);
   }
   wg.bar.arrive_and_wait();
   for (int e = 0; e < 4; ++e) d[e] = out[e];
@@ -290,7 +293,7 @@ inline void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint
     const int row = g + 8 * (e / 2), col = 2 * t + (e % 2);
     double a[16], b[16];
     for (int k = 0; k < 16; ++k) a[k] = A(row, k), b[k] = B(k, col);
-    d[e] = tc_dot(c[e], a, b);
+    d[e] = tc_dot(c[e], a, b, F16);
   }
   done_reading();
   for (int e = 0; e < 4; ++e) c[e] = d[e];

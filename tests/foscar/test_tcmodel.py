@@ -27,19 +27,20 @@ def _replay(model, case):
 
 
 def test_every_probe_is_recorded():
-    assert len(CASES) == len(list(probe_tc.cases())) == 30
+    assert len(CASES) == len(list(probe_tc.cases())) == 33
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
 def test_h200_model_is_bit_exact(case):
-    got, gpu = _replay(tcmodel.H200_MMA, case)
+    got, gpu = _replay(tcmodel.h200(case[1]), case)
     assert np.isfinite(gpu).all()
     mismatch = np.flatnonzero(got != gpu)
     assert mismatch.size == 0, f"{mismatch.size} of {gpu.size} outputs differ, first at {mismatch[:5]}"
 
 
 @pytest.mark.parametrize("model", [tcmodel.MmaModel(3, "operands", "rz"), tcmodel.MmaModel(2, "product", "rz"),
-                                   tcmodel.MmaModel(2, "operands", "rne"), tcmodel.MmaModel(3, "product", "rz")],
+                                   tcmodel.MmaModel(2, "operands", "rne"), tcmodel.MmaModel(3, "product", "rz"),
+                                   tcmodel.MmaModel(2, "operands", "rz", subnormal_lead=-15)],
                          ids=lambda m: m.name)
 def test_neighbouring_models_are_told_apart(model):
     """The recorded outputs pin the model down: each neighbour of it misses some of them."""
@@ -89,3 +90,14 @@ def test_a_paired_items_chained_pv_equals_each_heads_own_product():
         own = tcmodel.mma(tcmodel.H200_MMA, a[:, head], p[:, head], np.zeros((tiles, m, n)))
         cols = head_of_column == head
         np.testing.assert_array_equal(chained[..., cols], own[..., cols])
+
+
+def test_fp16_subnormals_are_aligned_by_their_exponent_field():
+    """A subnormal fp16 operand counts as 2^-14 when the products are aligned (the V operands
+    since v23): the normalised model keeps bits that the H200 cuts."""
+    fp16 = [c for c in CASES if c[2] == "subnormal"]
+    assert len(fp16) == 3
+    for case in fp16:
+        normalised, gpu = _replay(tcmodel.H200_MMA, case)
+        assert (normalised != gpu).mean() > 0.5
+    assert tcmodel.h200("fp16").subnormal_lead == -14 and tcmodel.h200("bf16").subnormal_lead is None
