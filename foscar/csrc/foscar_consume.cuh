@@ -9,9 +9,11 @@
 // chunk c + 1 is issued on wgmma before chunk c's PV runs on mma.sync, so the two overlap.
 //
 // Every PV product is one k-step (16 tokens) from zero, folded into the fp32 output at once, and
-// the V operands are fp16 subnormals f c 2^-24 with no bias (inject_v): every product is of one
-// sign and holds signal only, so the Tensor Cores' cut toward zero is a few parts in 2^25 of the
-// k-step's largest term (foscar/precision.py, docs/PERFORMANCE.md "v23").
+// the V operands are fp16 subnormals f c 2^-24 with no bias (inject_v): every product holds
+// signal only, and the Tensor Cores' cut toward zero (harder on small patterns, since the H200
+// aligns a subnormal as if it were 2^-14) stays below rounding at every context length with
+// INT4's codes (up to 15 at f = 1) and INT2's at f >= 4 (foscar/precision.py, docs/PERFORMANCE.md
+// "v23").
 #pragma once
 
 namespace foscar {

@@ -26,8 +26,8 @@
 // proportion to how many MMAs it chains and to the bias over the radix factor f. v4 chained 32
 // and failed past 32K tokens. Here the V operands carry no bias (fp16 subnormals f c 2^-24,
 // inject_v) and every PV product is one k-step from zero, folded into the fp32 output at once:
-// the cut is a few parts in 2^25 of the signal at every context length (foscar/precision.py
-// models it).
+// the cut stays below rounding at every context length (INT2's codes at f >= 4: the H200 aligns
+// a subnormal by its exponent field; foscar/precision.py models it).
 #pragma once
 
 #include <math.h>
