@@ -11,6 +11,7 @@ position folds into the query (K) or into the output channel (V).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -18,13 +19,23 @@ TILE_TOKENS = 16  # rows of one packed storage row (and of one K tile)
 BLOCK_TOKENS = {"k": 16, "v": 64}
 KINDS = ("k", "v")
 HEAD_DIMS = (64, 128, 256)
-# The operand each kind's codes become: (dtype, bias, the bias in both halves of a word, unit),
-# worth bias + unit f c. V's operands are the masked bits alone: an fp16 whose exponent field is
-# 0 or 1 is worth its bit pattern times 2^-24, and with no bias the Tensor Cores' cut toward zero
-# has nothing of one sign to take (docs/PERFORMANCE.md, v23).
+
+
+class Operand(NamedTuple):
+    """What a kind's codes become: values bias + unit f c of type dtype; bias_pair is the bias's
+    bits in both halves of a word (OR-ed in by the extraction)."""
+    dtype: str
+    bias: float
+    bias_pair: int
+    unit: float
+
+
+# V's operands are the masked bits alone: an fp16 whose exponent field is 0 or 1 is worth its bit
+# pattern times 2^-24, and with no bias the Tensor Cores' cut toward zero has nothing of one sign
+# to take (docs/PERFORMANCE.md, v23).
 FP16_1024_PAIR = 0x64006400
 FP16_PATTERN_UNIT = 2.0**-24
-OPERANDS = {"k": ("fp16", 1024.0, FP16_1024_PAIR, 1.0), "v": ("fp16", 0.0, 0, FP16_PATTERN_UNIT)}
+OPERANDS = {"k": Operand("fp16", 1024.0, FP16_1024_PAIR, 1.0), "v": Operand("fp16", 0.0, 0, FP16_PATTERN_UNIT)}
 
 # INT2 V: per 16-bit half, positions k = 0..7 hold (channel block b, token offset o); each block's
 # two positions read at the same radix factor, so the factor folds into the output channel.
@@ -81,7 +92,7 @@ def extract(words: torch.Tensor, bits: int, kind: str, k: int) -> torch.Tensor:
     """Position k of int32 words as the kernels read it (the operand's bits, bias included)."""
     shift, mask = extraction_schedule(bits, kind)[k]
     shifted = words << -shift if shift < 0 else words >> shift
-    return (shifted & mask) | OPERANDS[kind][2]
+    return (shifted & mask) | OPERANDS[kind].bias_pair
 
 
 def channel_positions(bits: int, kind: str, head_dim: int) -> torch.Tensor:

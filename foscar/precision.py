@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -68,8 +68,13 @@ class VArithmetic:
     # all along, so its rounding grows with the item (docs/PERFORMANCE.md, v14).
     item_tokens: int | None = None
     # With item_tokens: None, the lanes' sums leave the output only at the item's end; k, every k
-    # of a warp's tiles (trips) as well, the sums starting again from zero (VFoldToken::flush).
+    # of a warp's tiles (trips) as well, the sums starting again from zero (v16-v22's flush).
     flush_tiles: int | None = None
+
+    @property
+    def dtype(self) -> str:
+        """The operands' floating-point type: 'bf16' or 'fp16'."""
+        return "bf16" if self.operand == "bf16" else "fp16"
 
     @property
     def bias(self) -> float:
@@ -181,7 +186,7 @@ def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
 
     The cache must hold no BF16 tail for this sequence (a length that is a multiple of G)."""
     cfg, dim = cache.config, cache.head_dim
-    mma = mma or tcmodel.h200("bf16" if arith.operand == "bf16" else "fp16")  # the H200's, by operand type
+    mma = mma or tcmodel.h200(arith.dtype)  # the H200's, by operand type
     view = logical_view(cache, seq)
     if view.k_tail.shape[0]:
         raise ValueError("model_output takes sequences without a BF16 tail (length a multiple of the group size).")
@@ -201,7 +206,7 @@ def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
         p = np.exp(scores - scores.max())  # [r, n]
         v = codes * s_v + z_v
         ref = (p @ v) / p.sum(axis=1, keepdims=True)
-        rnd = _bf16 if arith.operand == "bf16" else _fp16
+        rnd = _bf16 if arith.dtype == "bf16" else _fp16
         bias = 0.0 if arith.centred else arith.bias
         # B operand per token: p~ = bf16(p s) (token-wise; one scale per token at G = head_dim)
         if cfg.v_mode == "token":
@@ -369,11 +374,17 @@ def _dequant(codes: torch.Tensor, params: torch.Tensor, mode: str, group: int) -
     s, z = _params(params, mode, group, n, dim)
     return codes.numpy().astype(np.float64) * s + z
 
-def v5_radix(bits: int, dim: int) -> np.ndarray:
-    """v5's bf16 V operands (the warpgroup consumer, until 2026-12-02): channel 32 w + 8 b + g of
-    a block at factor 2 (INT4) or [2, 8, 8, 32][b] (INT2)."""
-    factors = [2, 2, 2, 2] if bits == 4 else [2, 8, 8, 32]
-    return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
+def block_radix(int4: Sequence[float], int2: Sequence[float]) -> Callable[[int, int], np.ndarray]:
+    """A V schedule's radix factors by channel block: channel 32 w + 8 b + g of a block at
+    int4[b] (INT4) or int2[b] (INT2), as VArithmetic.radix takes them."""
+    def radix(bits: int, dim: int) -> np.ndarray:
+        factors = int4 if bits == 4 else int2
+        return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
+    return radix
+
+
+# v5's bf16 V operands (the warpgroup consumer, until 2026-12-02): factor 2 (INT4) or [2, 8, 8, 32].
+v5_radix = block_radix([2, 2, 2, 2], [2, 8, 8, 32])
 
 
 # v5 (the warpgroup consumer): V operands bf16 128 + f c as injected; each 64-token chunk's PV
@@ -387,11 +398,8 @@ V5 = VArithmetic("v5: bf16 128 + f c, one chain per 64-token chunk", centred=Fal
 # V operands fp16 1024 + f c, every code at f >= 16 (packing.py's schedule), p~ fp16; each warp's
 # 16-token product (one k-step) starts from zero and is folded into the fp32 output at once; the
 # bias leaves through a sum of p~.
-def v7_radix(bits: int, dim: int) -> np.ndarray:
-    """v7-v22's V schedule (every code at f >= 16): channel 32 w + 8 b + g of a block at 16 (INT4)
-    or [64, 16, 256, 16][b] (INT2)."""
-    factors = [16, 16, 16, 16] if bits == 4 else [64, 16, 256, 16]
-    return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
+# v7-v22's V schedule, every code at f >= 16: 16 (INT4) or [64, 16, 256, 16] (INT2).
+v7_radix = block_radix([16, 16, 16, 16], [64, 16, 256, 16])
 
 
 V7 = VArithmetic("v7: fp16 1024 + f c at f >= 16, each warp's 16-token product folded at once", centred=False,
@@ -424,11 +432,9 @@ def v7_chained(chunks_per_split: int, radix: Callable[[int, int], np.ndarray] = 
                        operand="fp16", bias_every=4, channel_chains=sequential_chains(16))
 
 
-def v7_first_radix(bits: int, dim: int) -> np.ndarray:
-    """The first fp16 V schedule measured (commit ea0b0d3): INT4 blocks at f = 1, 16, 1, 16 and
-    INT2 at 64, 4, 256, 16 (codes read in place at f = 1 and 4)."""
-    factors = [1, 16, 1, 16] if bits == 4 else [64, 4, 256, 16]
-    return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
+# The first fp16 V schedule measured (commit ea0b0d3): INT4 blocks at f = 1, 16, 1, 16 and INT2 at
+# 64, 4, 256, 16 (codes read in place at f = 1 and 4).
+v7_first_radix = block_radix([1, 16, 1, 16], [64, 4, 256, 16])
 
 
 # The arithmetic of the kernels in foscar/csrc since v23: V operands fp16 subnormals f c 2^-24

@@ -13,9 +13,9 @@ from foscar import packing
 from foscar.cache import QuantizedKVCache, gather_params
 
 F64 = torch.float64
-K_BIAS = packing.OPERANDS["k"][1]  # K codes become fp16 1024 + f c
-V_BIAS = packing.OPERANDS["v"][1]  # V codes become fp16 subnormals f c 2^-24: no bias
-V_UNIT = packing.OPERANDS["v"][3]
+K_BIAS = packing.OPERANDS["k"].bias  # K codes become fp16 1024 + f c
+V_BIAS = packing.OPERANDS["v"].bias  # V codes become fp16 subnormals f c 2^-24: no bias
+V_UNIT = packing.OPERANDS["v"].unit
 OPERAND_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -113,7 +113,7 @@ def _injected(words: torch.Tensor, cache: QuantizedKVCache, kind: str) -> torch.
     """
     cfg, dim, heads = cache.config, cache.head_dim, cache.num_kv_heads
     page, blk = cfg.page_size, packing.block_tokens(kind)
-    dtype = OPERAND_DTYPES[packing.OPERANDS[kind][0]]
+    dtype = OPERAND_DTYPES[packing.OPERANDS[kind].dtype]
     phys = cache.page_table.long()
     batch, pages = phys.shape
     blocks = words.view(*words.shape[:2], page // blk, -1)[phys]  # [b, pages, h, page/blk, words]
@@ -132,7 +132,7 @@ def _rounder(round_operands: bool | torch.dtype, kind: str):
     if round_operands is False:
         return lambda x: x
     if round_operands is True:
-        dtype = OPERAND_DTYPES[packing.OPERANDS[kind][0]]
+        dtype = OPERAND_DTYPES[packing.OPERANDS[kind].dtype]
     else:
         dtype = round_operands
     return lambda x: x.to(dtype).to(F64)

@@ -151,7 +151,7 @@ def run(out: Path) -> None:
         # shows as an O(1) error, rounding as ~1e-7.
         exact = model_outputs(tcmodel.MmaModel(extra_bits=40, lead="product", rounding="rne"), a, b, c, dtype, chain)
         scale = np.abs(exact).max() + 1e-30
-        h200 = model_outputs(tcmodel.H200_MMA, a, b, c, dtype, chain)
+        h200 = model_outputs(tcmodel.h200(dtype), a, b, c, dtype, chain)
         print(f"{instr:13s} {dtype} {family:9s} max |gpu - exact| / max|exact| = {np.abs(d - exact).max() / scale:.2e}, "
               f"outputs unlike the H200 model {(h200 != d).mean():.2%}, relative error per output (median, max) "
               f"{np.median(np.abs(d - exact) / (np.abs(exact) + 1e-300)):.1e}, {(np.abs(d - exact) / (np.abs(exact) + 1e-300)).max():.1e}")

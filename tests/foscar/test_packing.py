@@ -142,8 +142,8 @@ def test_extraction_gives_bias_plus_f_times_code(rng, bits, kind, head_dim):
     words = packing.pack_tiles(codes, bits, kind)
     positions = packing.tile_positions(bits, kind, head_dim)
     flat = codes.view(2, -1).double()
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[packing.OPERANDS[kind][0]]
-    bias, unit = packing.OPERANDS[kind][1], packing.OPERANDS[kind][3]
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[packing.OPERANDS[kind].dtype]
+    bias, unit = packing.OPERANDS[kind].bias, packing.OPERANDS[kind].unit
     for k in range(16 // bits):
         made = packing.extract(words, bits, kind, k)
         values = made.view(torch.int16).view(dtype).double().view(2, -1, 2)

@@ -18,7 +18,6 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import foscar
@@ -154,19 +153,14 @@ def test_the_fold_flushed_every_32_trips_holds_any_item_as_on_the_h200():
     assert h200 / 1.5 <= modelled <= h200 * 1.5 and modelled <= 0.5 * TOLERANCE, f"model {modelled:.2e}, H200 {h200:.2e}"
 
 
-def _int2_at_factor_1(bits: int, dim: int) -> np.ndarray:
-    """v23's first INT2 schedule (commit 836ac4e): block 1 read in place at f = 1."""
-    factors = [1, 16, 1, 16] if bits == 4 else [64, 1, 256, 16]
-    return np.array([factors[(d % 32) // 8] for d in range(dim)], dtype=np.float64)
-
-
 def test_the_model_finds_int2_at_factor_1_losing_with_the_context():
     # The H200 aligns an fp16 subnormal operand by its exponent field (tcmodel.H200_MMA_FP16), so
     # INT2 codes read at f = 1 (patterns 1-3) lose about 2^-15 of each product, always toward zero:
     # v23's first form measured 1.67e-3 at 4K and 1.83e-3 at 256K (INT2, K channel, V token;
     # docs/data/acc_v23_f1_b1_h200.json) where v23 (f >= 4) stays flat. The model agrees.
     f1 = precision.VArithmetic("v23 at f = 1", centred=False, chains=precision.sequential_chains(16),
-                               operand="fp16-subnormal", radix=_int2_at_factor_1)
+                               operand="fp16-subnormal",
+                               radix=precision.block_radix([1, 16, 1, 16], [64, 1, 256, 16]))  # commit 836ac4e
     h200 = _h200("acc_v23_f1_b1_h200.json")
     short = precision.model_error(*_cache(1, 4096, 2, "token"), f1)
     long = precision.model_error(*_cache(1, 262144, 2, "token"), f1)
