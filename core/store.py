@@ -349,6 +349,8 @@ class MergeCounts:
     records_present: int = 0
     runs_added: int = 0
     runs_combined: int = 0
+    e2e_runs_added: int = 0
+    e2e_records_added: int = 0
     inputs: list[str] = field(default_factory=list)
 
 
@@ -450,6 +452,15 @@ def merge_stores(out_path: str | os.PathLike, in_paths: Iterable[str | os.PathLi
             counts.inputs.append(str(path))
             src = _read_only(path)
             try:
+                tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                if "e2e_runs" in tables:
+                    _merge_e2e(out, path, counts)
+                if not {"runs", "records"} <= tables:
+                    if "e2e_runs" in tables:
+                        continue
+                    raise MergeError(f"{path} holds neither sweep results (tables runs and records) nor e2e "
+                                     f"runs (e2e_runs); give stores that `foscar-bench sweep` or "
+                                     f"`foscar-bench e2e` wrote.")
                 _merge_runs(out, src, counts)
                 src_cols = [r[1] for r in src.execute("PRAGMA table_info(records)") if r[1] in RECORD_COLUMNS]
                 for r in src.execute(f"SELECT {', '.join(src_cols)} FROM records ORDER BY id"):
@@ -467,6 +478,17 @@ def merge_stores(out_path: str | os.PathLike, in_paths: Iterable[str | os.PathLi
                 src.close()
             out.conn.commit()
     return counts
+
+
+def _merge_e2e(out: ResultStore, path: Path, counts: MergeCounts) -> None:
+    """The e2e benchmark's tables (core.e2e_store) travel with the sweep's: each e2e run once."""
+    from core.e2e_store import E2EStore  # it builds on this module
+
+    out.conn.commit()
+    with E2EStore(out.path) as e2e:
+        runs, records = e2e.merge_from(path)
+    counts.e2e_runs_added += runs
+    counts.e2e_records_added += records
 
 
 def _merge_runs(out: ResultStore, src: sqlite3.Connection, counts: MergeCounts) -> None:

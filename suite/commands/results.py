@@ -69,7 +69,9 @@ def merge(out: Path, inputs: list[Path]) -> None:
         raise typer.Exit(2)
     typer.echo(f"merged {len(counts.inputs)} store(s) into {out}: {counts.records_added} record(s) added, "
                f"{counts.records_present} already there; {counts.runs_added} run(s) added, "
-               f"{counts.runs_combined} combined from shards.")
+               f"{counts.runs_combined} combined from shards"
+               + (f"; {counts.e2e_runs_added} e2e run(s) with {counts.e2e_records_added} record(s) added."
+                  if counts.e2e_runs_added else "."))
 
 
 def register(app: typer.Typer) -> None:

@@ -170,3 +170,31 @@ def test_sharded_sweep_then_merge_is_the_full_grid(tmp_path):
     clash = runner.invoke(app, ["sweep", "--cpu", "--no-progress", "--shard", "0/3",
                                 "--run-id", "grid-1", "--db", str(stores[0]), *small])
     assert clash.exit_code == 2 and "shard" in clash.output
+
+
+def test_merge_carries_e2e_runs_and_names_a_store_with_neither(tmp_path):
+    """An e2e-only store (what `foscar-bench e2e --db` writes) merges into a sweep store; its
+    runs arrive once. A file holding neither kind of table is refused in one sentence."""
+    from core.e2e_store import E2EStore, read_tables
+
+    e2e = tmp_path / "e2e.sqlite"
+    with E2EStore(e2e) as store:
+        run = store.start_run(argv=["e2e"], config={}, env={})
+        store.add(run, {"mode": "grid", "status": "passed", "backend": "foscar-int2", "batch": 1,
+                        "kv_len": 4096, "tokens_per_s": 5.0})
+    sweep = _store(tmp_path / "a.sqlite", "R", [_rec("c1", "test-stub")])
+    out = tmp_path / "out.sqlite"
+    res = runner.invoke(app, ["results", "merge", str(out), str(sweep), str(e2e)])
+    assert res.exit_code == 0, res.output
+    assert "1 e2e run(s) with 1 record(s) added" in res.output
+    again = merge_stores(out, [sweep, e2e])
+    assert (again.records_added, again.e2e_runs_added) == (0, 0)
+    assert list(read_tables(out).records.tokens_per_s) == [5.0]
+    with ResultStore(out) as s:
+        assert list(s.records().case_key) == ["c1"]
+    plain = tmp_path / "plain.sqlite"
+    con = sqlite3.connect(plain)
+    con.execute("CREATE TABLE t (x)")
+    con.close()
+    res = runner.invoke(app, ["results", "merge", str(tmp_path / "o.sqlite"), str(plain)])
+    assert res.exit_code == 2 and "neither sweep results" in res.output
