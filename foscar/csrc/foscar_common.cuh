@@ -83,6 +83,61 @@ __host__ __device__ __forceinline__ uint32_t inject_v(uint32_t w) {
   constexpr uint32_t mask = (((1u << BITS) - 1u) << v_lsb<BITS>(K)) * kPair;
   return (sh < 0 ? w << (sh < 0 ? -sh : 0) : w >> (sh > 0 ? sh : 0)) & mask;
 }
+// K as int8 operands (KFoldChannel, KFoldToken8): the codes masked in place,
+// one per byte, four to a register, read by wgmma's u8 x s8 products into int32 (exact). Byte b
+// of a masked word holds the code of half b >> 1 at position k = 2 (b & 1) + i (INT4) or
+// 4 (b & 1) + i (INT2), register i of the word, at factor f = k8_radix(i):
+//   INT4: i = 0 from w & 0x0F0F0F0F, i = 1 from (w >> 4) & 0x0F0F0F0F, f = 1 (1 shift, 2 LOP3
+//   per 8 codes);
+//   INT2: i = 0, 1 from w & 0x03030303, w & 0x0C0C0C0C, i = 2, 3 the same from w >> 4, f = 1, 4,
+//   1, 4 (1 shift, 4 LOP3 per 16 codes).
+template <int BITS>
+__host__ __device__ constexpr int k8_regs_per_word() {
+  return BITS == 4 ? 2 : 4;
+}
+template <int BITS>
+__host__ __device__ __forceinline__ uint32_t extract_k8(uint32_t w, int i) {
+  if (BITS == 4) return (i == 0 ? w : w >> 4) & 0x0F0F0F0Fu;
+  return (i < 2 ? w : w >> 4) & (0x03030303u << (2 * (i & 1)));
+}
+template <int BITS>
+__host__ __device__ constexpr int k8_radix(int i) {
+  return BITS == 2 && (i & 1) ? 4 : 1;
+}
+// The 8-channel block (docs/FORMAT.md: channel = 2 t4 + h + 8 block) whose codes byte run r
+// (the bytes b with b & 1 = r) of register i of a lane's word j holds.
+template <int BITS>
+__host__ __device__ constexpr int k8_block(int j, int i, int r) {
+  return BITS == 4 ? 4 * j + 2 * r + i : 8 * j + 4 * r + i;
+}
+// The factor at which channel block blk is read (its register i: blk % 4 for INT2).
+template <int BITS>
+__host__ __device__ constexpr int k8_block_radix(int blk) {
+  return BITS == 2 && (blk & 1) ? 4 : 1;
+}
+// A wgmma k-step ks (32 channels) takes, for each of its two 16-column halves hf, register
+// q = 2 ks + hf of the lane's row-g words (a0, a2) and of its row-(g + 8) words (a1, a3):
+// word q / R, register q % R, R = k8_regs_per_word.
+template <int BITS>
+__host__ __device__ constexpr int k8_word(int ks, int hf) {
+  return (2 * ks + hf) / k8_regs_per_word<BITS>();
+}
+template <int BITS>
+__host__ __device__ constexpr int k8_reg(int ks, int hf) {
+  return (2 * ks + hf) % k8_regs_per_word<BITS>();
+}
+// Byte B of each of four words, gathered into one (x0's in byte 0): three PRMT.
+template <int B>
+__host__ __device__ __forceinline__ uint32_t gather_bytes(uint32_t x0, uint32_t x1, uint32_t x2, uint32_t x3) {
+#ifdef __CUDA_ARCH__
+  const uint32_t lo = __byte_perm(x0, x1, B | ((4 + B) << 4)), hi = __byte_perm(x2, x3, B | ((4 + B) << 4));
+  return __byte_perm(lo, hi, 0x5410);
+#else
+  auto byte = [](uint32_t x) { return (x >> (8 * B)) & 0xFFu; };
+  return byte(x0) | (byte(x1) << 8) | (byte(x2) << 16) | (byte(x3) << 24);
+#endif
+}
+
 // INT2 V: the position holding channel block b (0..3) at token offset o (0: tokens 2t, 2t+1;
 // 1: tokens 2t+8, 2t+9) of a k-step's word.
 __host__ __device__ constexpr int v2_position(int b, int o) {

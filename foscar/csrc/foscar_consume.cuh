@@ -356,7 +356,7 @@ struct VDequant : WarpOut {
 // Policies per (K mode, V mode, ablation).
 template <class T>
 using KSideOf = typename std::conditional<T::DEQ, KDequant<T>,
-                                          typename std::conditional<T::KCH, KFoldChannel<T>, KFoldToken<T>>::type>::type;
+                                          typename std::conditional<T::KCH, KFoldChannel<T>, KTokenSide<T>>::type>::type;
 template <class T>
 using VSideOf = typename std::conditional<T::DEQ, VDequant<T>,
                                           typename std::conditional<T::VCH, VFoldChannel<T>, VFoldToken<T>>::type>::type;

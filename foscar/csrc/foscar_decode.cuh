@@ -173,6 +173,10 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PV_SPLIT
 #define FOSCAR_PV_SPLIT 2
 #endif
+// Lab: token-wise K's operands as int8 too (KFoldToken8; channel-wise K always has them).
+#ifndef FOSCAR_K_INT8
+#define FOSCAR_K_INT8 0
+#endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
 #define FOSCAR_PAIR_STAGES_INT4 6
@@ -436,6 +440,13 @@ __device__ __forceinline__ void zero_accumulators(float (&acc)[N][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
 }
+template <int N>
+__device__ __forceinline__ void zero_accumulators(int (&acc)[N][8]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[i][e] = 0;
+}
 
 // Sums / maxima over the 8 lanes that share t (the rows g of an accumulator fragment).
 __device__ __forceinline__ float sum_rows(float x) {
@@ -477,6 +488,29 @@ struct QSlice {
   __device__ __forceinline__ int tile_offset() const { return (d0 / 16) * kBTileBytes + b_tile_offset(d0 % 16, n); }
 };
 
+// The int8 Q~ rebuild's staging (KFoldChannel): thread tid owns column n = tid / 16 and 8
+// consecutive k-columns 16 hf + 8 m .. of k-step ks (tid % 16 = 4 ks + 2 hf + m), which hold
+// channels 4m .. 4m + 3 of two 8-channel blocks (byte runs r = 0, 1; k8_block), interleaved:
+// byte 2c + r of the slice is channel 8 block(r) + 4m + c.
+struct Q8Slice {
+  int n, ks, hf, m;
+  __device__ __forceinline__ explicit Q8Slice(int tid)
+      : n(tid >> 4), ks((tid >> 2) & 3), hf((tid >> 1) & 1), m(tid & 1) {}
+  template <class T>
+  __device__ __forceinline__ int head(const DecodeParams& p) const {
+    return T::HP == 1 ? 0 : n >= p.ratio;
+  }
+  template <int BITS>
+  __device__ __forceinline__ int channel(int r) const {
+    return 8 * k8_block<BITS>(k8_word<BITS>(ks, hf), k8_reg<BITS>(ks, hf), r) + 4 * m;
+  }
+  // Byte offset of the slice in a stack of 4 int8 B tiles: part 0 (low byte) in rows n, part 1
+  // (high) in rows n + 8.
+  __device__ __forceinline__ int tile_offset(int part) const {
+    return ks * kB8TileBytes + b8_tile_offset(16 * hf + 8 * m, n + 8 * part);
+  }
+};
+
 // Entry hp (0 or 1) of a per-head array by selection, not indexing: an array indexed by a
 // runtime value would live in local memory.
 template <int HP, class P>
@@ -504,6 +538,7 @@ struct KFoldToken {
   //   score log2 = 2^e lambda s_{t,gk} (acc - 1024 sum q'/f) + lambda z_{t,gk} sum q.
   static constexpr int kAcc = T::kGroupsD;
   static constexpr bool kScoresReadStage = true;  // the chunk's per-token (scale, offset)
+  static constexpr bool kInt8 = false;  // fp16 operands (k_operands)
   float acc[kAcc][4];
   float kscale[2];       // 2^e lambda of heads 2t, 2t+1
   float c1[kAcc][2], c2[kAcc][2];  // 1024 sum q'/f and lambda sum q per channel group, heads 2t, 2t+1
@@ -571,103 +606,198 @@ struct KFoldToken {
   }
 };
 
-// One thread's W channels of a Q~ column for one token group (KFoldChannel): from qc = q lambda
-// / f (staged by setup) and the group's (scale, offset) words of those channels, the fp16 pairs
-// of Q~ = qc s 2^e, where 2^e brings the column's largest |Q~| (over its LANES threads) into
-// [2^13, 2^14), and this thread's share of the column's bias sum Q~ (f z / s - 1024) (the caller
-// reduces it over the LANES threads, after storing h).
-template <int W, int LANES>
-__device__ __forceinline__ float q_tilde_slice(const float (&qc)[W], const uint32_t (&words)[W], float f,
-                                               uint32_t (&h)[W / 2], int& e) {
-  float qt[W], zs[W], amax = 0.f;
+template <class T>
+struct KFoldToken8 {
+  // Token-wise K, accumulator fold, int8 operands (lab knob FOSCAR_K_INT8). B = Q' = round(q 2^e
+  // / f), an integer of at most 2^14 in magnitude (2^e per head keeping max |Q'| in [2^13,
+  // 2^14)), in two s8 parts on N = 16 as KFoldChannel's Q~; per channel group gk an int32
+  // accumulator acc_gk = sum_d Q'_d f_d c, exact, and
+  //   score log2 = 2^-e lambda s_{t,gk} (256 acc_hi + acc_lo) + lambda z_{t,gk} sum q.
+  // A k-step lies in one channel group: 32 channels (INT4) or 64 (INT2; INT2 with groups of 32
+  // keeps KFoldToken).
+  static constexpr int kAcc = T::kGroupsD;
+  static constexpr bool kScoresReadStage = true;  // the chunk's per-token (scale, offset)
+  static constexpr bool kInt8 = true;              // k8_operands
+  static_assert(T::G >= (T::BITS == 4 ? 32 : 64), "an int8 k-step spans 32 (INT4) or 64 (INT2) channels");
+  int acc[kAcc][8];
+  float kscale[2];       // 2^-e lambda of heads 2t, 2t+1
+  float c2[kAcc][2];     // lambda sum q per channel group, heads 2t, 2t+1
+
+  __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
+    const QSlice qs(L.tid);  // the group sums over 8 consecutive channels
+    float qsum = 0.f;
 #pragma unroll
-  for (int j = 0; j < W; ++j) {
-    const float2 sz = unpack_f16x2(words[j]);
-    const float sc = sz.x;  // never 0 (docs/FORMAT.md)
-    qt[j] = qc[j] * sc;
-    zs[j] = f * sz.y / sc - kKBias;
-    amax = fmaxf(amax, fabsf(qt[j]));
-  }
-  amax = reduce_lanes<LANES, true>(amax);
-  e = max(min(amax > 0.f ? 13 - ilog2f(amax) : 0, 126), -126);
-  const float up = exp2_int(e);
-  float part = 0.f;  // the bias over this thread's channels
+    for (int j = 0; j < 8; ++j) qsum += s.q32[qs.n][qs.d0 + j];
+    qsum = reduce_lanes<T::G / 8, false>(qsum);
+    const Q8Slice q8(L.tid);
+    const float inv_f = 1.f / k8_radix<T::BITS>(k8_reg<T::BITS>(q8.ks, q8.hf));
+    float x[8], amax = 0.f;  // [4 r + c]: q / f of channel ch(r) + c
 #pragma unroll
-  for (int j = 0; j < W; j += 2) {
-    h[j / 2] = pack_f16x2(qt[j] * up, qt[j + 1] * up);
-    const float2 r = unpack_f16x2(h[j / 2]);
-    part = fmaf(r.x, zs[j], fmaf(r.y, zs[j + 1], part));
+    for (int r = 0; r < 2; ++r) {
+      const float4 q = *reinterpret_cast<const float4*>(&s.q32[q8.n][q8.channel<T::BITS>(r)]);
+      x[4 * r] = q.x * inv_f, x[4 * r + 1] = q.y * inv_f, x[4 * r + 2] = q.z * inv_f, x[4 * r + 3] = q.w * inv_f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) amax = fmaxf(amax, fabsf(x[4 * r + c]));
+    }
+    amax = reduce_lanes<16, true>(amax);
+    const int e = max(min(amax > 0.f ? 13 - ilog2f(amax) : 0, 126), -126);
+    const float up = exp2_int(e);
+    constexpr float kRound = 12582912.f;  // as KFoldChannel::begin_chunk
+    uint32_t lo[8], hi[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      lo[j] = static_cast<uint32_t>(float_bits(fmaf(x[j], up, kRound)));
+      hi[j] = lo[j] + 128u;
+    }
+    const uint2 lw = make_uint2(gather_bytes<0>(lo[0], lo[4], lo[1], lo[5]), gather_bytes<0>(lo[2], lo[6], lo[3], lo[7]));
+    const uint2 hw = make_uint2(gather_bytes<1>(hi[0], hi[4], hi[1], hi[5]), gather_bytes<1>(hi[2], hi[6], hi[3], hi[7]));
+#pragma unroll
+    for (int hp = 0; hp < T::HP; ++hp) {  // the other head's tiles get zeros in this column
+      const bool mine = hp == q8.head<T>(p);
+      *reinterpret_cast<uint2*>(s.q_tile[0][hp][0] + q8.tile_offset(0)) = mine ? lw : make_uint2(0u, 0u);
+      *reinterpret_cast<uint2*>(s.q_tile[0][hp][0] + q8.tile_offset(1)) = mine ? hw : make_uint2(0u, 0u);
+    }
+    if ((L.tid & (T::G / 8 - 1)) == 0) {
+      const int gk = qs.d0 / T::G;
+      s.kconst[gk][qs.n][1] = p.sm_scale_log2 * qsum;
+      s.kconst[gk][qs.n][2] = p.sm_scale_log2 * exp2_int(-e);
+    }
   }
-  return part;
-}
+  __device__ __forceinline__ void load_constants(SharedStorage<T>& s, const Lane& L) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      kscale[hh] = s.kconst[0][2 * L.t + hh][2];
+#pragma unroll
+      for (int gk = 0; gk < kAcc; ++gk) c2[gk][hh] = s.kconst[gk][2 * L.t + hh][1];
+    }
+  }
+  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&,
+                                              const uint8_t* const (&)[T::HP], bool) {}
+  __device__ __forceinline__ void publish(SharedStorage<T>&, const Lane&, bool) {}
+
+  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[4][4], int hp) {
+    const uint32_t base = b_tile_desc(smem_u32(s.q_tile[0][hp][0]));
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const int gk = (T::BITS == 4 ? 32 * ks : 64 * (ks / 2)) / T::G;
+      wgmma_m64n16k32_u8s8(acc[gk], a[ks][0], a[ks][1], a[ks][2], a[ks][3], base + ks * kB8TileDescStep);
+    }
+  }
+  // log2-domain scores of this thread's (token, head) pairs; `par` = the chunk's K params.
+  __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane& L, const uint8_t* par, float (&x)[4]) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = 0.f;
+#pragma unroll
+    for (int gk = 0; gk < kAcc; ++gk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[L.token(e) * T::kGroupsD + gk]);
+        const float dot = static_cast<float>(acc[gk][4 + e] * 256 + acc[gk][e]);
+        x[e] = fmaf(kscale[e & 1] * sz.x, dot, fmaf(sz.y, c2[gk][e & 1], x[e]));
+      }
+  }
+};
+
+// Token-wise K's policy: int8 operands under the lab knob where a k-step fits a channel group.
+template <class T>
+using KTokenSide = typename std::conditional<FOSCAR_K_INT8 != 0 && T::G >= (T::BITS == 4 ? 32 : 64), KFoldToken8<T>,
+                                             KFoldToken<T>>::type;
 
 template <class T>
 struct KFoldChannel {
-  // Channel-wise K, operand fold. Once per token group the warpgroup builds
-  // Q~ = q s lambda 2^e / f (fp16, 2^e per head keeping max |Q~| in [2^13, 2^14)) and
-  // bias = sum_d Q~_d (f z / s - 1024), so that  score log2 = 2^-e (acc + bias): the offset rides
-  // on the same rounded Q~ as the codes, so each channel carries one centred rounding.
-  // A chunk holding two token groups (G = 32) runs one wgmma chain per group into an accumulator
-  // of its own, all warps giving their operands to both; each warp keeps the accumulator of its
-  // own group. (Zero operands for the other group instead cost a select per operand register
-  // and, with both chains in flight, spilled; ptxas otherwise serialized every wgmma.)
+  // Channel-wise K, operand fold, int8 operands. The A operands are the
+  // codes f c (f = k8_radix, 1 or 4), four to a register (k8_operands); once per token group the
+  // warpgroup builds Q~ = round(q s lambda 2^e / f), an integer of at most 2^14 in magnitude
+  // (2^e per head keeping max |Q~| in [2^13, 2^14), as the fp16 Q~ of KFoldChannel), in two s8
+  // parts Q~ = 256 hi + lo (lo the sign-extended low byte) on N = 16: columns 0-7 lo, 8-15 hi. The
+  // u8 x s8 wgmma sums exactly in int32, so  score log2 = 2^-e (256 acc_hi + acc_lo + bias), bias =
+  // sum_d Q~_d f z / s. No rounding but Q~'s own, and no bias in the operands to cut.
   static constexpr int kGroups = T::kGroupsT;
   static constexpr bool kScoresReadStage = false;
-  float acc[kGroups][4];
+  static constexpr bool kInt8 = true;  // k8_operands
+  int acc[kGroups][8];
   float bias[2], inv[2];  // of this thread's group, heads 2t, 2t+1
 
-  // Once per item: the rows of Q~ that begin_chunk may not write are zeroed (padding columns, and
-  // in each head's tiles the other head's columns) with the padding columns' constants (bias 0,
-  // factor 1), and this thread's slice of the query is turned into q lambda / f, which
-  // begin_chunk multiplies by each token group's scales.
+  // Once per item: the slices begin_chunk may not write (padding columns, the other head's
+  // columns in each head's tiles) zeroed, with the padding columns' constants; q lambda / f.
   __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
-    const QSlice qs(L.tid);
-    const bool pad = qs.n >= p.cols;
+    const Q8Slice q8(L.tid);
+    const bool pad = q8.n >= p.cols;
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
 #pragma unroll
       for (int hp = 0; hp < T::HP; ++hp)
-        if (pad || hp != qs.head<T>(p))
-          *reinterpret_cast<uint4*>(s.q_tile[gq][hp][0] + qs.tile_offset()) = make_uint4(0u, 0u, 0u, 0u);
-      if (pad && (L.tid & 15) == 0) s.kconst[gq][qs.n][0] = 0.f, s.kconst[gq][qs.n][1] = 1.f;
+        if (pad || hp != q8.head<T>(p)) {
+          *reinterpret_cast<uint2*>(s.q_tile[gq][hp][0] + q8.tile_offset(0)) = make_uint2(0u, 0u);
+          *reinterpret_cast<uint2*>(s.q_tile[gq][hp][0] + q8.tile_offset(1)) = make_uint2(0u, 0u);
+        }
+      if (pad && (L.tid & 15) == 0) s.kconst[gq][q8.n][0] = 0.f, s.kconst[gq][q8.n][1] = 1.f;
     }
-    const float c = p.sm_scale_log2 / k_radix<T::BITS>(qs.block<T::BITS>());
+    const QSlice qs(L.tid);
+    const float c = p.sm_scale_log2 / k8_block_radix<T::BITS>(qs.d0 / 8);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s.q32[qs.n][qs.d0 + j] *= c;
+    for (int j = 0; j < 8; ++j) s.q32[qs.n][qs.d0 + j] *= c;  // load_query's barrier follows
   }
   __device__ __forceinline__ void load_constants(SharedStorage<T>&, const Lane&) {}
   __device__ __forceinline__ int my_group(const Lane& L) const { return kGroups == 1 ? 0 : (16 * L.warp) / T::G; }
 
-  // Rebuild Q~ for the chunk's token groups when one starts (every chunk when G < 64). Each
-  // thread builds its query slice (QSlice: column tid / 16, 8 channels of one radix factor) from
-  // the K parameters of its column's KV head, into that head's tiles; the column's maximum and
-  // bias are reduced over its 16 threads. A warp whose two columns are both padding has nothing
-  // to do; in a warp with one, the padding column (q = 0) comes out as setup left it: a zero row,
-  // bias 0 and factor 1. publish() makes it visible to the warpgroup's wgmma, after the K
-  // operands are built.
+  // Rebuild Q~ when a token group starts: each thread its Q8Slice from the K parameters of its
+  // column's KV head; the column's maximum and bias reduced over its 16 threads.
   __device__ __forceinline__ void begin_chunk(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
                                               const uint8_t* const (&par)[T::HP], bool group_starts) {
     if (!group_starts || 2 * L.warp >= p.cols) return;
-    const QSlice qs(L.tid);
-    const int hp = qs.head<T>(p);
-    const float f = k_radix<T::BITS>(qs.block<T::BITS>());
-    float qc[8];  // q lambda / f (setup)
-    {
-      const float4 q0 = *reinterpret_cast<const float4*>(&s.q32[qs.n][qs.d0]);
-      const float4 q1 = *reinterpret_cast<const float4*>(&s.q32[qs.n][qs.d0 + 4]);
-      qc[0] = q0.x, qc[1] = q0.y, qc[2] = q0.z, qc[3] = q0.w, qc[4] = q1.x, qc[5] = q1.y, qc[6] = q1.z, qc[7] = q1.w;
+    const Q8Slice q8(L.tid);
+    const int hp = q8.head<T>(p);
+    const float f = k8_radix<T::BITS>(k8_reg<T::BITS>(q8.ks, q8.hf));
+    const int ch[2] = {q8.channel<T::BITS>(0), q8.channel<T::BITS>(1)};
+    float qc[8];  // [4 r + c]: q lambda / f (setup) of channel ch[r] + c
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float4 q = *reinterpret_cast<const float4*>(&s.q32[q8.n][ch[r]]);
+      qc[4 * r] = q.x, qc[4 * r + 1] = q.y, qc[4 * r + 2] = q.z, qc[4 * r + 3] = q.w;
     }
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
-      const uint8_t* row = of_head(par, hp) + (gq * kD + qs.d0) * 4;  // 8 (scale, offset) pairs
-      const uint4 raw[2] = {lds128(row), lds128(row + 16)};
-      const uint32_t words[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
-      uint32_t h[4];
-      int e;
-      float part = q_tilde_slice<8, 16>(qc, words, f, h, e);
-      *reinterpret_cast<uint4*>(s.q_tile[gq][hp][0] + qs.tile_offset()) = make_uint4(h[0], h[1], h[2], h[3]);
+      const uint8_t* head_par = of_head(par, hp) + gq * kD * 4;
+      float qt[8], zs[8], amax = 0.f;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint4 raw = lds128(head_par + ch[r] * 4);  // 4 (scale, offset) pairs
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float2 sz = unpack_f16x2(words[c]);
+          const int j = 4 * r + c;
+          qt[j] = qc[j] * sz.x;  // the scale is never 0 (docs/FORMAT.md)
+          zs[j] = f * sz.y / sz.x;
+          amax = fmaxf(amax, fabsf(qt[j]));
+        }
+      }
+      amax = reduce_lanes<16, true>(amax);
+      const int e = max(min(amax > 0.f ? 13 - ilog2f(amax) : 0, 126), -126);
+      const float up = exp2_int(e);
+      // Q~ = round(qt 2^e) in one FFMA: y = qt 2^e + 1.5 2^23 holds it in its low bits (|Q~| <=
+      // 2^14), offset by 0x4B400000, whose two low bytes are 0. So the low byte of y's bits is
+      // Q~'s low byte (lo, read as s8), and byte 1 of bits + 128 is the high part hi =
+      // (Q~ + 128) >> 8, with Q~ = 256 hi + (the low byte sign-extended).
+      constexpr float kRound = 12582912.f;
+      uint32_t lo[8], hi[8];
+      float part = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float y = fmaf(qt[j], up, kRound);
+        lo[j] = static_cast<uint32_t>(float_bits(y));
+        hi[j] = lo[j] + 128u;
+        part = fmaf(y - kRound, zs[j], part);  // the bias on the rounded Q~
+      }
+      // Byte 2c + r is channel ch[r] + c: j = 4r + c.
+      uint8_t* tiles = s.q_tile[gq][hp][0];
+      *reinterpret_cast<uint2*>(tiles + q8.tile_offset(0)) =
+          make_uint2(gather_bytes<0>(lo[0], lo[4], lo[1], lo[5]), gather_bytes<0>(lo[2], lo[6], lo[3], lo[7]));
+      *reinterpret_cast<uint2*>(tiles + q8.tile_offset(1)) =
+          make_uint2(gather_bytes<1>(hi[0], hi[4], hi[1], hi[5]), gather_bytes<1>(hi[2], hi[6], hi[3], hi[7]));
       part = reduce_lanes<16, false>(part);
-      if ((L.tid & 15) == 0) s.kconst[gq][qs.n][0] = part, s.kconst[gq][qs.n][1] = exp2_int(-e);
+      if ((L.tid & 15) == 0) s.kconst[gq][q8.n][0] = part, s.kconst[gq][q8.n][1] = exp2_int(-e);
     }
     fence_proxy_async_smem();
   }
@@ -679,19 +809,23 @@ struct KFoldChannel {
     inv[0] = s.kconst[gq][2 * L.t][1], inv[1] = s.kconst[gq][2 * L.t + 1][1];
   }
 
-  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane& L, const uint32_t (&a)[8][4], int hp) {
+  __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[4][4], int hp) {
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
       const uint32_t base = b_tile_desc(smem_u32(s.q_tile[gq][hp][0]));
 #pragma unroll
-      for (int kt = 0; kt < 8; ++kt)
-        wgmma_m64n8k16<true>(acc[gq], a[kt][0], a[kt][1], a[kt][2], a[kt][3], base + kt * kBTileDescStep);
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_m64n16k32_u8s8(acc[gq], a[ks][0], a[ks][1], a[ks][2], a[ks][3], base + ks * kB8TileDescStep);
     }
   }
   __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane& L, const uint8_t*, float (&x)[4]) const {
-    const bool second = kGroups > 1 && my_group(L) > 0;  // kGroups is 1 or 2
+    const bool second = kGroups > 1 && my_group(L) > 0;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) x[e] = ((second ? acc[kGroups - 1][e] : acc[0][e]) + bias[e & 1]) * inv[e & 1];
+    for (int e = 0; e < 4; ++e) {
+      const int lo = second ? acc[kGroups - 1][e] : acc[0][e];
+      const int hi = second ? acc[kGroups - 1][4 + e] : acc[0][4 + e];
+      x[e] = (static_cast<float>(hi * 256 + lo) + bias[e & 1]) * inv[e & 1];
+    }
   }
 };
 
@@ -700,6 +834,7 @@ struct KDequant {
   // The ablation, channel-wise K: every element becomes s c + z (fp32, rounded once to fp16)
   // before the MMA; B = q' = q 2^-e (fp16).  score log2 = 2^e lambda acc.
   static constexpr bool kScoresReadStage = false;
+  static constexpr bool kInt8 = false;  // fp16 operands (k_operands)
   float acc[1][4];
   float kscale[2];
   __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
@@ -784,6 +919,23 @@ __device__ __forceinline__ void k_operands(const uint8_t* tile, int lane, uint32
   }
 }
 
+// The int8 A operands of S for warp w's 16-token tile (KFoldChannel): k-step ks, half hf from
+// register k8_reg of word k8_word of rows g (a0, a2) and g + 8 (a1, a3).
+template <int BITS>
+__device__ __forceinline__ void k8_operands(const uint8_t* tile, int lane, uint32_t (&a)[4][4]) {
+  constexpr int W = kD * BITS / 64, HALF = W / 2;
+  uint32_t w[W];
+  lane_words(tile, lane, w);
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int j = k8_word<BITS>(ks, hf), i = k8_reg<BITS>(ks, hf);
+      a[ks][2 * hf] = extract_k8<BITS>(w[j], i);
+      a[ks][2 * hf + 1] = extract_k8<BITS>(w[HALF + j], i);
+    }
+}
+
 // The query heads of an item's KV heads, column n query head w.h * ratio + n: fp32 in shared
 // memory (zero rows past cols), bf16 B tiles for the BF16 tail, then the K side's setup and
 // constants.
@@ -824,7 +976,8 @@ struct SStream {
   const WorkItem& w;
   KSide& ks;
   const RingCursor<T>& ring;  // the current trip's stages
-  uint32_t a[8][4];  // the S operands prepared last (one head's)
+  // The S operands prepared last (one head's): 8 fp16 k-steps, or 4 int8.
+  typename std::conditional<KSide::kInt8, uint32_t[4][4], uint32_t[8][4]>::type a;
 
   // Head hp's stage of the current trip.
   __device__ __forceinline__ const uint8_t* stage(int hp = 0) const { return s.ring[ring.slot_of(hp)]; }
@@ -851,8 +1004,12 @@ struct SStream {
       for (int h = 0; h < T::HP; ++h) k_par[h] = stage(h) + 2 * T::kCodeBytes;
       ks.begin_chunk(p, s, L, k_par, group_starts);
     }
-    k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
-    if constexpr (T::DEQ) ks.dequantize(L, st + 2 * T::kCodeBytes, a);
+    if constexpr (KSide::kInt8) {
+      k8_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
+    } else {
+      k_operands<T::BITS>(st + L.warp * (T::kCodeBytes / 4), L.lane, a);
+      if constexpr (T::DEQ) ks.dequantize(L, st + 2 * T::kCodeBytes, a);
+    }
     if (hp == 0) ks.publish(s, L, group_starts);
   }
   // Head hp's wgmmas as one group, accumulating into ks.acc (zeroed before the first head's).

@@ -277,6 +277,34 @@ inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
   for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
 
+// m64n16k32 u8 x s8 into int32: exact (wraps as the hardware's int32 would, never reached).
+inline void wgmma_m64n16k32_u8s8(int (&d)[8], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b_desc_lo) {
+  const uint64_t b_desc = b_desc_lo | (static_cast<uint64_t>(kBTileDescHi) << 32);
+  using namespace ::foscar_emu;
+  Warpgroup& wg = tls().warpgroup();
+  const int me = static_cast<int>(tls().thread_idx.x % 128);
+  wg.a[me][0] = a0, wg.a[me][1] = a1, wg.a[me][2] = a2, wg.a[me][3] = a3;
+  wg.bar.arrive_and_wait();
+  if (((b_desc >> 16) & 0x3FFF) != (kBTileLbo >> 4) || ((b_desc >> 32) & 0x3FFF) != (kBTileSbo >> 4) ||
+      ((b_desc >> 62) & 3) != 0)
+    std::abort();  // the one layout
+  const uint8_t* B = tls().cta->smem_base() + ((b_desc & 0x3FFF) << 4);
+  auto A = [&](int row, int k) -> int64_t {  // the 8-bit A fragment, per warp of 16 rows
+    const int owner = (row / 16) * 32 + (row % 8) * 4 + (k % 16) / 4;
+    return (wg.a[owner][(row % 16) / 8 + 2 * (k / 16)] >> (8 * (k % 4))) & 0xFFu;
+  };
+  const int warp = me / 32, lane = me % 32, g = lane / 4, t = lane % 4;
+  int out[8];
+  for (int e = 0; e < 8; ++e) {
+    const int row = 16 * warp + g + 8 * ((e % 4) / 2), col = 8 * (e / 4) + 2 * t + (e % 2);
+    int64_t sum = d[e];
+    for (int k = 0; k < 32; ++k) sum += A(row, k) * static_cast<int8_t>(B[b8_tile_offset(k, col)]);
+    out[e] = static_cast<int>(static_cast<uint32_t>(sum));
+  }
+  wg.bar.arrive_and_wait();
+  for (int e = 0; e < 8; ++e) d[e] = out[e];
+}
+
 // One warp's m16n8k16 MMA (bf16 or fp16), the same numerics as wgmma (scripts/probe_tc.py).
 template <bool F16>
 inline void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {

@@ -40,6 +40,13 @@ __host__ __device__ __forceinline__ uint32_t b_tile_desc(uint32_t smem_addr) {
 constexpr uint32_t kBTileDescHi = kBTileSbo >> 4;
 constexpr uint32_t kBTileDescStep = kBTileBytes >> 4;  // the next k-step's tile
 
+// The int8 B tile of wgmma.m64n16k32 (KFoldChannel, KFoldToken8): K-major, no swizzle, core matrices of
+// 8 rows x 16 bytes; the two 16-byte halves along K 128 bytes apart (LBO), the two 8-row groups
+// of N 256 bytes apart (SBO): the same descriptor constants as the fp16 tile, 512 bytes a k-step.
+__host__ __device__ constexpr int b8_tile_offset(int k, int n) { return (n / 8) * 256 + (k / 16) * 128 + (n % 8) * 16 + k % 16; }
+constexpr int kB8TileBytes = 512;
+constexpr uint32_t kB8TileDescStep = kB8TileBytes >> 4;
+
 }  // namespace foscar
 
 #ifdef FOSCAR_HOST_EMU
@@ -90,6 +97,18 @@ __device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint3
   }
 }
 
+// D += A B for one m64n16k32 step, A u8 (registers: a0 = row g, k-columns 4t .. 4t + 3, a1 row
+// g + 8, a2 / a3 the same at columns 16 + 4t ..), B s8 (the int8 B tile), D int32: exact.
+// Accumulator element e: rows g (e % 4 < 2) / g + 8, column 8 (e / 4) + 2t + (e % 2).
+__device__ __forceinline__ void wgmma_m64n16k32_u8s8(int (&d)[8], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                     uint32_t b_desc) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 desc;\nsetp.ne.b32 p, 1, 0;\nmov.b64 desc, {%12, %13};\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.s32.u8.s8 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, desc, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b_desc), "r"(kBTileDescHi));
+}
+
 // Pins operand registers at this point of the program: the compiler must have computed them
 // here and may not sink their computation past it (between two wgmmas of a chain it would
 // have to wait for the first before overwriting its registers, serializing the chain).
@@ -99,8 +118,9 @@ __device__ __forceinline__ void pin_operands(R (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) pin_operands(r[i]);
 }
-// The same for accumulators (fp32 registers).
+// The same for accumulators (fp32 or int32 registers).
 __device__ __forceinline__ void pin_accumulators(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void pin_accumulators(int& r) { asm volatile("" : "+r"(r)::"memory"); }
 template <class R, int N>
 __device__ __forceinline__ void pin_accumulators(R (&r)[N]) {
 #pragma unroll
