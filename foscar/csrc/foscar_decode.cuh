@@ -173,10 +173,6 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PV_SPLIT
 #define FOSCAR_PV_SPLIT 2
 #endif
-// Lab: token-wise K's operands as int8 too (KFoldToken8; channel-wise K always has them).
-#ifndef FOSCAR_K_INT8
-#define FOSCAR_K_INT8 0
-#endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
 #define FOSCAR_PAIR_STAGES_INT4 6
@@ -608,7 +604,7 @@ struct KFoldToken {
 
 template <class T>
 struct KFoldToken8 {
-  // Token-wise K, accumulator fold, int8 operands (lab knob FOSCAR_K_INT8). B = Q' = round(q 2^e
+  // Token-wise K, accumulator fold, int8 operands. B = Q' = round(q 2^e
   // / f), an integer of at most 2^14 in magnitude (2^e per head keeping max |Q'| in [2^13,
   // 2^14)), in two s8 parts on N = 16 as KFoldChannel's Q~; per channel group gk an int32
   // accumulator acc_gk = sum_d Q'_d f_d c, exact, and
@@ -698,10 +694,11 @@ struct KFoldToken8 {
   }
 };
 
-// Token-wise K's policy: int8 operands under the lab knob where a k-step fits a channel group.
+// Token-wise K's policy: int8 operands where a k-step fits a channel group (all but INT2 with
+// groups of 32, which keeps the fp16 operands of KFoldToken).
 template <class T>
-using KTokenSide = typename std::conditional<FOSCAR_K_INT8 != 0 && T::G >= (T::BITS == 4 ? 32 : 64), KFoldToken8<T>,
-                                             KFoldToken<T>>::type;
+using KTokenSide =
+    typename std::conditional<T::G >= (T::BITS == 4 ? 32 : 64), KFoldToken8<T>, KFoldToken<T>>::type;
 
 template <class T>
 struct KFoldChannel {
