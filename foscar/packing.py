@@ -83,6 +83,33 @@ def extraction_schedule(bits: int, kind: str) -> tuple[tuple[int, int], ...]:
             (0, 0x300 * pair), (6, 0x30 * pair), (6, 0xC0 * pair), (6, 0x300 * pair))
 
 
+def k8_schedule(bits: int) -> tuple[tuple[int, int], ...]:
+    """(shift, mask) of int8 register i of a K word (v24, docs/FORMAT.md): `(word >> shift) &
+    mask` holds one code per byte, worth f c with f = the mask's lowest set bit (1 or 4); the
+    kernels' extract_k8."""
+    _check_bits(bits)
+    if bits == 4:
+        return ((0, 0x0F0F0F0F), (4, 0x0F0F0F0F))
+    return ((0, 0x03030303), (0, 0x0C0C0C0C), (4, 0x03030303), (4, 0x0C0C0C0C))
+
+
+def k8_channels(bits: int, head_dim: int = 128) -> torch.Tensor:
+    """The channel of each k-column of the int8 K operands, int64 [head_dim // 32 k-steps, 32]:
+    k-step ks, column 16 hf + 4 t4 + b is byte b of register (2 ks + hf) % R of word (2 ks + hf)
+    // R of lane (g, t4) (R registers per word), whose code sits at bit 8 b + shift + lsb(mask)."""
+    sched = k8_schedule(bits)
+    regs, per_half = len(sched), positions_per_half(bits)
+    out = torch.empty(head_dim // 32, 32, dtype=torch.int64)
+    for ks in range(head_dim // 32):
+        for col in range(32):
+            hf, t4, b = col // 16, (col % 16) // 4, col % 4
+            q = 2 * ks + hf
+            shift, mask = sched[q % regs]
+            bit = 8 * b + shift + ((mask & -mask).bit_length() - 1)
+            out[ks, col] = 2 * t4 + bit // 16 + 8 * (per_half * (q // regs) + (bit % 16) // bits)
+    return out
+
+
 def radix_factors(bits: int, kind: str) -> list[int]:
     """f_k: what a code at position k is worth once extracted."""
     return [mask & -mask for _, mask in extraction_schedule(bits, kind)]

@@ -34,8 +34,19 @@ def test_every_position_reads_as_bias_plus_factor_times_code(injection_run):
 
 def test_the_kernels_schedule_is_the_packing_schedule(injection_run):
     rows = [line.split()[1:] for line in injection_run.stdout.splitlines() if line.startswith("schedule")]
-    assert len(rows) == 2 * (4 + 8)
+    assert len(rows) == 2 * (4 + 8)  # "schedule" lines
     for kind, bits, k, shift, mask, factor in rows:
         bits, k = int(bits), int(k)
         assert (int(shift), int(mask)) == packing.extraction_schedule(bits, kind)[k], (kind, bits, k)
         assert float(factor) == packing.radix_factors(bits, kind)[k]
+
+
+def test_the_kernels_int8_k_read_is_the_packing_one(injection_run):
+    """The int8 K operands (v24): the channel each k-column's Q~ is built for, and the shift and
+    mask extract_k8 applies, are packing.k8_channels and packing.k8_schedule."""
+    rows = [list(map(int, line.split()[1:])) for line in injection_run.stdout.splitlines() if line.startswith("k8 ")]
+    assert len(rows) == 2 * 4 * 32
+    for bits, ks, col, channel, shift, mask in rows:
+        assert channel == packing.k8_channels(bits)[ks, col], (bits, ks, col)
+        sched = packing.k8_schedule(bits)
+        assert (shift, mask) == sched[(2 * ks + col // 16) % len(sched)], (bits, ks, col)

@@ -163,3 +163,31 @@ def test_bad_inputs():
         packing.pack_tiles(torch.zeros(1, 8, 64, dtype=torch.uint8), 4, "k")
     with pytest.raises(ValueError, match="expected int32"):
         packing.unpack_tiles(torch.zeros(1, 128, dtype=torch.int32), 4, "k", 128)
+
+
+@pytest.mark.parametrize("bits", WIDTHS)
+def test_int8_k_operands_hold_one_token_per_register_and_a_channel_per_column(rng, bits):
+    """The int8 K read (v24): masking a lane's words as packing.k8_schedule says gives, in byte
+    b of each register, f times the code of the register's one token at the channel
+    packing.k8_channels names, every channel exactly once per tile."""
+    head_dim = 128
+    codes = random_codes(rng, bits, 3, head_dim)
+    words = packing.pack_tiles(codes, bits, "k")
+    per_lane = packing.words_per_tile(bits, head_dim) // 32
+    vec = min(4, per_lane)
+    chans = packing.k8_channels(bits, head_dim)
+    assert sorted(chans.flatten().tolist()) == list(range(head_dim))
+    sched = packing.k8_schedule(bits)
+    for lane in range(32):
+        g, t4 = lane // 4, lane % 4
+        mine = [words[:, (w // vec) * 32 * vec + lane * vec + w % vec].long() & 0xFFFFFFFF for w in range(per_lane)]
+        for ks in range(head_dim // 32):
+            for hf in range(2):
+                q = 2 * ks + hf
+                shift, mask = sched[q % len(sched)]
+                for o in range(2):  # rows g and g + 8: the first and second half of the lane's words
+                    reg = (mine[o * per_lane // 2 + q // len(sched)] >> shift) & mask
+                    for b in range(4):
+                        got = (reg >> (8 * b)) & 0xFF
+                        want = (mask & -mask) * codes[:, g + 8 * o, chans[ks, 16 * hf + 4 * t4 + b]].long()
+                        assert torch.equal(got, want), (lane, ks, hf, o, b)

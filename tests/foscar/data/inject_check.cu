@@ -47,6 +47,23 @@ void print_schedule() {
   }
 }
 
+// The int8 K read (v24): for each k-step and k-column, the channel the kernels' Q~ rebuild puts
+// there (Q8Slice's k8_block / k8_word / k8_reg) and the shift and mask extract_k8 applies to the
+// word of that column's register, as "k8 bits ks col channel shift mask".
+template <int BITS>
+void print_int8_k() {
+  for (int ks = 0; ks < 4; ++ks)
+    for (int col = 0; col < 32; ++col) {
+      const int hf = col / 16, m = (col % 16) / 8, p = col % 8, c = p >> 1, r = p & 1;
+      const int i = k8_reg<BITS>(ks, hf);
+      const int channel = 8 * k8_block<BITS>(k8_word<BITS>(ks, hf), i, r) + 4 * m + c;
+      // The mask: what a word of ones keeps; the shift: 4 where the mask's bits 4 higher come back.
+      const uint32_t mask = extract_k8<BITS>(0xFFFFFFFFu, i);
+      const int shift = extract_k8<BITS>(mask << 4, i) == mask ? 4 : 0;
+      std::printf("k8 %d %d %d %d %d %u\n", BITS, ks, col, channel, shift, mask);
+    }
+}
+
 int main() {
   std::srand(12345);
   int bad = 0;
@@ -70,6 +87,8 @@ int main() {
       std::printf("V position %d is read above bit 10\n", k);
       ++bad;
     }
+  print_int8_k<4>();
+  print_int8_k<2>();
   print_schedule<4, false>();
   print_schedule<2, false>();
   print_schedule<4, true>();
