@@ -5,16 +5,20 @@
 //     the bulk copy engine, skewed by one chunk: the stage of trip c holds chunk c's V codes and
 //     (scale, offset) run and chunk c + 1's K (fill_stage), completing on its "full" mbarrier;
 //   - the consumer warpgroup turns the packed codes into Tensor Core A operands in registers
-//     (mantissa injection). S^T = K Q^T (tokens x heads, heads on N = 8) runs on wgmma, Q (or
-//     Q~) the B operand in shared memory; warp w holds tokens 16w .. 16w+15 of each chunk. From
+//     (K: int8, four codes a register; V: fp16 mantissa injection). S^T = K Q^T (tokens x
+//     heads) runs on wgmma, u8 x s8 into int32, Q~ (or Q') the B operand in shared memory, a
+//     15-bit integer in two s8 parts (N = 16: the 8 query columns' low parts, then their high
+//     parts); warp w holds tokens 16w .. 16w+15 of each chunk. From
 //     there each warp works alone (foscar_consume.cuh): its own online softmax, its P kept in
 //     registers as the B fragments of P^T, and its O^T = V^T P^T over all 128 channels on
 //     mma.sync from its k-step of the staged V block. S of chunk c + 1 runs on wgmma while chunk
 //     c's PV runs on mma.sync; the warps meet at the item's end, where their (m, l, O) merge.
 // Scales and offsets are folded, never applied per element (FOSCAR.md section 3); each (K mode,
 // V mode) is a pair of policy types:
-//   KFoldToken   : accumulator fold per channel group,  score = s (acc - 1024 q'/f) + z sum q
-//   KFoldChannel : operand fold, Q~ = q s / f rebuilt in shared memory once per token group
+//   KFoldToken8  : accumulator fold per channel group, score = s 2^-e acc + z sum q, B = Q' =
+//                  round(q 2^e / f) (KFoldToken, its fp16 form, for INT2 with groups of 32)
+//   KFoldChannel : operand fold, Q~ = round(q s 2^e / f) rebuilt in shared memory once per
+//                  token group
 //   VFoldToken   : operand fold, P~ = p s; the offsets summed apart per (group, head)
 //   VFoldChannel : accumulator fold, each product folded with s / f, z at the group's end
 // and the dequantize-first ablation is KDequant / VDequant: the same data path, with every
@@ -529,7 +533,9 @@ __device__ __forceinline__ void store_b_row(const DecodeParams& p, uint8_t (&til
 // chunk's wgmmas, and turns the accumulators into log2-domain scores.
 template <class T>
 struct KFoldToken {
-  // Token-wise K, accumulator fold. B = q' / f (fp16, q' = q 2^-e, e keeping |q'| < 2^14); per
+  // Token-wise K, accumulator fold, fp16 operands: INT2 with groups of 32 only, whose int8
+  // k-step (64 channels) would span two groups (KTokenSide). B = q' / f (fp16, q' = q 2^-e, e
+  // keeping |q'| < 2^14); per
   // channel group gk an accumulator acc_gk = sum_d q'_d / f_d (1024 + f_d c) and
   //   score log2 = 2^e lambda s_{t,gk} (acc - 1024 sum q'/f) + lambda z_{t,gk} sum q.
   static constexpr int kAcc = T::kGroupsD;
@@ -604,8 +610,7 @@ struct KFoldToken {
 
 template <class T>
 struct KFoldToken8 {
-  // Token-wise K, accumulator fold, int8 operands. B = Q' = round(q 2^e
-  // / f), an integer of at most 2^14 in magnitude (2^e per head keeping max |Q'| in [2^13,
+  // Token-wise K, accumulator fold, int8 operands. B = Q' = round(q 2^e / f), an integer of at most 2^14 in magnitude (2^e per head keeping max |Q'| in [2^13,
   // 2^14)), in two s8 parts on N = 16 as KFoldChannel's Q~; per channel group gk an int32
   // accumulator acc_gk = sum_d Q'_d f_d c, exact, and
   //   score log2 = 2^-e lambda s_{t,gk} (256 acc_hi + acc_lo) + lambda z_{t,gk} sum q.
