@@ -531,19 +531,55 @@ __device__ __forceinline__ void store_b_row(const DecodeParams& p, uint8_t (&til
 // ---------------------------------------------------------------------------------------
 // K side. Each policy builds the A operands of S = K Q^T from a staged 16-token tile, issues the
 // chunk's wgmmas, and turns the accumulators into log2-domain scores.
+// What both token-wise K folds keep per thread: 2^-e lambda (or 2^e lambda) of heads 2t, 2t+1
+// (kconst[0][n][2]) and lambda sum q per channel group (kconst[gk][n][1]); no per-chunk work
+// before the operands.
 template <class T>
-struct KFoldToken {
+struct KTokenConstants {
+  static constexpr int kAcc = T::kGroupsD;
+  static constexpr bool kScoresReadStage = true;  // the chunk's per-token (scale, offset)
+  float kscale[2];
+  float c2[kAcc][2];
+  __device__ __forceinline__ void load_constants(SharedStorage<T>& s, const Lane& L) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      kscale[hh] = s.kconst[0][2 * L.t + hh][2];
+#pragma unroll
+      for (int gk = 0; gk < kAcc; ++gk) c2[gk][hh] = s.kconst[gk][2 * L.t + hh][1];
+    }
+  }
+  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&,
+                                              const uint8_t* const (&)[T::HP], bool) {}
+  __device__ __forceinline__ void publish(SharedStorage<T>&, const Lane&, bool) {}
+  // log2-domain scores of this thread's (token, head) pairs, `par` the chunk's K params:
+  // sum over the channel groups gk of kscale s_{t,gk} dot(gk, e) + z_{t,gk} c2.
+  template <class Dot>
+  __device__ __forceinline__ void fold_scores(const Lane& L, const uint8_t* par, float (&x)[4], Dot&& dot) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = 0.f;
+#pragma unroll
+    for (int gk = 0; gk < kAcc; ++gk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[L.token(e) * T::kGroupsD + gk]);
+        const float d = dot(gk, e);
+        x[e] = fmaf(kscale[e & 1] * sz.x, d, fmaf(sz.y, c2[gk][e & 1], x[e]));
+      }
+  }
+};
+
+template <class T>
+struct KFoldToken : KTokenConstants<T> {
   // Token-wise K, accumulator fold, fp16 operands: INT2 with groups of 32 only, whose int8
   // k-step (64 channels) would span two groups (KTokenSide). B = q' / f (fp16, q' = q 2^-e, e
   // keeping |q'| < 2^14); per
   // channel group gk an accumulator acc_gk = sum_d q'_d / f_d (1024 + f_d c) and
   //   score log2 = 2^e lambda s_{t,gk} (acc - 1024 sum q'/f) + lambda z_{t,gk} sum q.
-  static constexpr int kAcc = T::kGroupsD;
-  static constexpr bool kScoresReadStage = true;  // the chunk's per-token (scale, offset)
+  using Base = KTokenConstants<T>;
+  using Base::kAcc, Base::kscale, Base::c2;
   static constexpr bool kInt8 = false;  // fp16 operands (k_operands)
   float acc[kAcc][4];
-  float kscale[2];       // 2^e lambda of heads 2t, 2t+1
-  float c1[kAcc][2], c2[kAcc][2];  // 1024 sum q'/f and lambda sum q per channel group, heads 2t, 2t+1
+  float c1[kAcc][2];  // 1024 sum q'/f per channel group, heads 2t, 2t+1 (kscale: 2^e lambda)
 
   __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
     const QSlice qs(L.tid);
@@ -575,16 +611,12 @@ struct KFoldToken {
     }
   }
   __device__ __forceinline__ void load_constants(SharedStorage<T>& s, const Lane& L) {
+    Base::load_constants(s, L);
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      kscale[hh] = s.kconst[0][2 * L.t + hh][2];
+    for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-      for (int gk = 0; gk < kAcc; ++gk) c1[gk][hh] = s.kconst[gk][2 * L.t + hh][0], c2[gk][hh] = s.kconst[gk][2 * L.t + hh][1];
-    }
+      for (int gk = 0; gk < kAcc; ++gk) c1[gk][hh] = s.kconst[gk][2 * L.t + hh][0];
   }
-  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&,
-                                              const uint8_t* const (&)[T::HP], bool) {}
-  __device__ __forceinline__ void publish(SharedStorage<T>&, const Lane&, bool) {}
 
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[8][4], int hp) {
     const uint32_t base = b_tile_desc(smem_u32(s.q_tile[0][hp][0]));
@@ -594,35 +626,24 @@ struct KFoldToken {
       wgmma_m64n8k16<true>(acc[gk], a[kt][0], a[kt][1], a[kt][2], a[kt][3], base + kt * kBTileDescStep);
     }
   }
-  // log2-domain scores of this thread's (token, head) pairs; `par` = the chunk's K params.
   __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane& L, const uint8_t* par, float (&x)[4]) const {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) x[e] = 0.f;
-#pragma unroll
-    for (int gk = 0; gk < kAcc; ++gk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[L.token(e) * T::kGroupsD + gk]);
-        x[e] = fmaf(kscale[e & 1] * sz.x, acc[gk][e] - c1[gk][e & 1], fmaf(sz.y, c2[gk][e & 1], x[e]));
-      }
+    Base::fold_scores(L, par, x, [&](int gk, int e) { return acc[gk][e] - c1[gk][e & 1]; });
   }
 };
 
 template <class T>
-struct KFoldToken8 {
+struct KFoldToken8 : KTokenConstants<T> {
   // Token-wise K, accumulator fold, int8 operands. B = Q' = round(q 2^e / f), an integer of at most 2^14 in magnitude (2^e per head keeping max |Q'| in [2^13,
   // 2^14)), in two s8 parts on N = 16 as KFoldChannel's Q~; per channel group gk an int32
   // accumulator acc_gk = sum_d Q'_d f_d c, exact, and
   //   score log2 = 2^-e lambda s_{t,gk} (256 acc_hi + acc_lo) + lambda z_{t,gk} sum q.
   // A k-step lies in one channel group: 32 channels (INT4) or 64 (INT2; INT2 with groups of 32
   // keeps KFoldToken).
-  static constexpr int kAcc = T::kGroupsD;
-  static constexpr bool kScoresReadStage = true;  // the chunk's per-token (scale, offset)
-  static constexpr bool kInt8 = true;              // k8_operands
+  using Base = KTokenConstants<T>;
+  using Base::kAcc, Base::kscale, Base::c2;  // kscale: 2^-e lambda
+  static constexpr bool kInt8 = true;         // k8_operands
   static_assert(T::G >= (T::BITS == 4 ? 32 : 64), "an int8 k-step spans 32 (INT4) or 64 (INT2) channels");
   int acc[kAcc][8];
-  float kscale[2];       // 2^-e lambda of heads 2t, 2t+1
-  float c2[kAcc][2];     // lambda sum q per channel group, heads 2t, 2t+1
 
   __device__ __forceinline__ void setup(const DecodeParams& p, SharedStorage<T>& s, const Lane& L) {
     const QSlice qs(L.tid);  // the group sums over 8 consecutive channels
@@ -664,18 +685,6 @@ struct KFoldToken8 {
       s.kconst[gk][qs.n][2] = p.sm_scale_log2 * exp2_int(-e);
     }
   }
-  __device__ __forceinline__ void load_constants(SharedStorage<T>& s, const Lane& L) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      kscale[hh] = s.kconst[0][2 * L.t + hh][2];
-#pragma unroll
-      for (int gk = 0; gk < kAcc; ++gk) c2[gk][hh] = s.kconst[gk][2 * L.t + hh][1];
-    }
-  }
-  __device__ __forceinline__ void begin_chunk(const DecodeParams&, SharedStorage<T>&, const Lane&,
-                                              const uint8_t* const (&)[T::HP], bool) {}
-  __device__ __forceinline__ void publish(SharedStorage<T>&, const Lane&, bool) {}
-
   __device__ __forceinline__ void issue(SharedStorage<T>& s, const Lane&, const uint32_t (&a)[4][4], int hp) {
     const uint32_t base = b_tile_desc(smem_u32(s.q_tile[0][hp][0]));
 #pragma unroll
@@ -684,18 +693,8 @@ struct KFoldToken8 {
       wgmma_m64n16k32_u8s8(acc[gk], a[ks][0], a[ks][1], a[ks][2], a[ks][3], base + ks * kB8TileDescStep);
     }
   }
-  // log2-domain scores of this thread's (token, head) pairs; `par` = the chunk's K params.
   __device__ __forceinline__ void scores(SharedStorage<T>&, const Lane& L, const uint8_t* par, float (&x)[4]) const {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) x[e] = 0.f;
-#pragma unroll
-    for (int gk = 0; gk < kAcc; ++gk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 sz = __half22float2(reinterpret_cast<const __half2*>(par)[L.token(e) * T::kGroupsD + gk]);
-        const float dot = static_cast<float>(acc[gk][4 + e] * 256 + acc[gk][e]);
-        x[e] = fmaf(kscale[e & 1] * sz.x, dot, fmaf(sz.y, c2[gk][e & 1], x[e]));
-      }
+    Base::fold_scores(L, par, x, [&](int gk, int e) { return static_cast<float>(acc[gk][4 + e] * 256 + acc[gk][e]); });
   }
 };
 

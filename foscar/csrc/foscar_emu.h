@@ -243,8 +243,9 @@ inline void wgmma_commit() {}
 template <int N>
 inline void wgmma_wait() {}
 
-template <bool F16>
-inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b_desc_lo) {
+// A warpgroup MMA's start: this thread's A registers published to the warpgroup, and the B
+// tile its descriptor points at (the one layout every tile has).
+inline const uint8_t* wgmma_operands(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b_desc_lo) {
   const uint64_t b_desc = b_desc_lo | (static_cast<uint64_t>(kBTileDescHi) << 32);
   using namespace ::foscar_emu;
   Warpgroup& wg = tls().warpgroup();
@@ -253,8 +254,16 @@ inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
   wg.bar.arrive_and_wait();
   if (((b_desc >> 16) & 0x3FFF) != (kBTileLbo >> 4) || ((b_desc >> 32) & 0x3FFF) != (kBTileSbo >> 4) ||
       ((b_desc >> 62) & 3) != 0)
-    std::abort();  // the one layout
-  const uint8_t* B = tls().cta->smem_base() + ((b_desc & 0x3FFF) << 4);
+    std::abort();
+  return tls().cta->smem_base() + ((b_desc & 0x3FFF) << 4);
+}
+
+template <bool F16>
+inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b_desc_lo) {
+  using namespace ::foscar_emu;
+  const uint8_t* B = wgmma_operands(a0, a1, a2, a3, b_desc_lo);
+  Warpgroup& wg = tls().warpgroup();
+  const int me = static_cast<int>(tls().thread_idx.x % 128);
   auto elem = [](uint32_t word, int half) { return F16 ? f16_at(word, half) : bf16_at(word, half); };
   auto A = [&](int row, int k) {  // the mma A fragment layout, per warp of 16 rows
     const int owner = (row / 16) * 32 + (row % 8) * 4 + (k % 8) / 2;
@@ -279,16 +288,10 @@ inline void wgmma_m64n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
 
 // m64n16k32 u8 x s8 into int32: exact (wraps as the hardware's int32 would, never reached).
 inline void wgmma_m64n16k32_u8s8(int (&d)[8], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b_desc_lo) {
-  const uint64_t b_desc = b_desc_lo | (static_cast<uint64_t>(kBTileDescHi) << 32);
   using namespace ::foscar_emu;
+  const uint8_t* B = wgmma_operands(a0, a1, a2, a3, b_desc_lo);
   Warpgroup& wg = tls().warpgroup();
   const int me = static_cast<int>(tls().thread_idx.x % 128);
-  wg.a[me][0] = a0, wg.a[me][1] = a1, wg.a[me][2] = a2, wg.a[me][3] = a3;
-  wg.bar.arrive_and_wait();
-  if (((b_desc >> 16) & 0x3FFF) != (kBTileLbo >> 4) || ((b_desc >> 32) & 0x3FFF) != (kBTileSbo >> 4) ||
-      ((b_desc >> 62) & 3) != 0)
-    std::abort();  // the one layout
-  const uint8_t* B = tls().cta->smem_base() + ((b_desc & 0x3FFF) << 4);
   auto A = [&](int row, int k) -> int64_t {  // the 8-bit A fragment, per warp of 16 rows
     const int owner = (row / 16) * 32 + (row % 8) * 4 + (k % 16) / 4;
     return (wg.a[owner][(row % 16) / 8 + 2 * (k / 16)] >> (8 * (k % 4))) & 0xFFu;
