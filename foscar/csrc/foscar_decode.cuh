@@ -204,11 +204,15 @@ struct DecodeShape {
   // rebuild, the ablation's dequantization), token-wise K where it turns this chunk's S into
   // scores.
   static constexpr int kKParamLead = KCH ? 1 : 0;
+  // INT4's paired token-wise K / V kernel with groups of 128 runs four CTAs per SM
+  // (DecodeTraits::kFourCtas) on the 4 paired stages that let four fit (v26).
+  static constexpr bool kInt4FourCtas = BITS == 4 && HP == 2 && G == 128 && !KCH && !VCH && !DEQ && FOSCAR_CTAS_INT4 == 0;
   // Ring stages, each one KV head's share of a trip (a paired item's trip takes two): at least
   // the current trip's and the next one's.
   // (INT4 with groups of 32 keeps one stage fewer, so that three CTAs fit an SM.)
-  static constexpr int kStagesKnob = HP == 1 ? (BITS == 4 ? FOSCAR_STAGES_INT4 : FOSCAR_STAGES_INT2)
-                                             : (BITS == 4 ? FOSCAR_PAIR_STAGES_INT4 - (G == 32) : FOSCAR_PAIR_STAGES_INT2);
+  static constexpr int kStagesKnob =
+      HP == 1 ? (BITS == 4 ? FOSCAR_STAGES_INT4 : FOSCAR_STAGES_INT2)
+              : (BITS == 4 ? (kInt4FourCtas ? 4 : FOSCAR_PAIR_STAGES_INT4 - (G == 32)) : FOSCAR_PAIR_STAGES_INT2);
   static constexpr int kStages = kStagesKnob > 2 * HP ? kStagesKnob : 2 * HP;
   static constexpr int kThreads = 256;  // producer warpgroup + consumer warpgroup
   static constexpr int kWordsK = kD * BITS / 64;  // K words per lane of one 16-token tile
@@ -250,8 +254,11 @@ struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   // faster at batch 128 (1-2 % slower at batch 8), and of its paired G = 64 channel/channel kernel
   // 5-6 %; INT2's one-head kernels lose 0-7 % at batch 1, its G = 64 paired token-wise kernel 18 %
   // (it spills at 104 registers; channel-wise K or V level), INT4 level to 3 % (its ring cut to 4
-  // paired stages to fit).
-  static constexpr bool kFourCtas = BITS_ == 2 && HP_ == 2 && !DEQ_ && (G_ == 128 || (G_ == 64 && KCH_ && VCH_));
+  // paired stages to fit). With K's int8 operands (v24, v25) INT4's paired token-wise K / V
+  // kernel at G = 128 gained 4.8 % at batch 128 from four CTAs (level at 32; PERFORMANCE.md,
+  // ninth session): v26 gives it four.
+  static constexpr bool kFourCtas =
+      (BITS_ == 2 && HP_ == 2 && !DEQ_ && (G_ == 128 || (G_ == 64 && KCH_ && VCH_))) || Shape::kInt4FourCtas;
   static constexpr int kCtasTuned = kFourCtas ? 4 : kMinCtasPerSm;
   static constexpr int kCtasWidthKnob = BITS_ == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
   static constexpr int kCtasKnob = kCtasWidthKnob > 0 ? kCtasWidthKnob : kCtasTuned;
