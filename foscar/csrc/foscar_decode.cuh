@@ -440,19 +440,13 @@ struct Lane {
   __device__ __forceinline__ int channel(int i, int e) const { return 32 * warp + 16 * i + 8 * (e >> 1) + g; }
 };
 
-template <int N>
-__device__ __forceinline__ void zero_accumulators(float (&acc)[N][4]) {
+// fp32 accumulators [N][4] (fp16 wgmma) or int32 [N][8] (int8 wgmma, two parts).
+template <class A, int N, int E>
+__device__ __forceinline__ void zero_accumulators(A (&acc)[N][E]) {
 #pragma unroll
   for (int i = 0; i < N; ++i)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
-}
-template <int N>
-__device__ __forceinline__ void zero_accumulators(int (&acc)[N][8]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[i][e] = 0;
+    for (int e = 0; e < E; ++e) acc[i][e] = A(0);
 }
 
 // Sums / maxima over the 8 lanes that share t (the rows g of an accumulator fragment).

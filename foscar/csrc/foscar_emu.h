@@ -4,10 +4,11 @@
 // through per-warp / per-warpgroup slots between two barriers; mbarriers, named barriers and the
 // bulk copy engine keep their real semantics (phases, arrival counts, transaction bytes), so the
 // producer / consumer handshakes run as on the GPU; a bulk copy lands at once.
-// Numerics: wgmma products and accumulation follow the H200's Tensor Cores bit for bit
-// (foscar/tcmodel.py: every addend cut towards zero at 2^(e_max - 25), e_max the largest of the
-// operands' exponent sums and the accumulator's, the sum cut towards zero to fp32); exp2f and
-// division are the host's, not the GPU's approximations.
+// Numerics: fp16 / bf16 wgmma and mma.sync products and accumulation follow the H200's Tensor
+// Cores bit for bit (foscar/tcmodel.py: every addend cut towards zero at 2^(e_max - 25), e_max
+// the largest of the operands' exponent sums and the accumulator's, the sum cut towards zero to
+// fp32); the u8 x s8 wgmma sums exactly in int32, as the hardware does; exp2f and division are
+// the host's, not the GPU's approximations.
 //
 // Included by foscar_hopper.cuh when FOSCAR_HOST_EMU is defined; compiled by a host C++20
 // compiler with the CUDA headers on the include path (for the bf16 and fp16 types).
