@@ -453,14 +453,15 @@ def merge_stores(out_path: str | os.PathLike, in_paths: Iterable[str | os.PathLi
             src = _read_only(path)
             try:
                 tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-                if "e2e_runs" in tables:
-                    _merge_e2e(out, path, counts)
-                if not {"runs", "records"} <= tables:
-                    if "e2e_runs" in tables:
-                        continue
+                has_sweep, has_e2e = {"runs", "records"} <= tables, "e2e_runs" in tables
+                if not (has_sweep or has_e2e):
                     raise MergeError(f"{path} holds neither sweep results (tables runs and records) nor e2e "
                                      f"runs (e2e_runs); give stores that `foscar-bench sweep` or "
                                      f"`foscar-bench e2e` wrote.")
+                if has_e2e:
+                    _merge_e2e(out, path, counts)
+                if not has_sweep:
+                    continue
                 _merge_runs(out, src, counts)
                 src_cols = [r[1] for r in src.execute("PRAGMA table_info(records)") if r[1] in RECORD_COLUMNS]
                 for r in src.execute(f"SELECT {', '.join(src_cols)} FROM records ORDER BY id"):

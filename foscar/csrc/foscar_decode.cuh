@@ -573,8 +573,8 @@ template <class T>
 struct KFoldToken : KTokenConstants<T> {
   // Token-wise K, accumulator fold, fp16 operands: INT2 with groups of 32 only, whose int8
   // k-step (64 channels) would span two groups (KTokenSide). B = q' / f (fp16, q' = q 2^-e, e
-  // keeping |q'| < 2^14); per
-  // channel group gk an accumulator acc_gk = sum_d q'_d / f_d (1024 + f_d c) and
+  // keeping |q'| < 2^14); per channel group gk an accumulator acc_gk = sum_d q'_d / f_d
+  // (1024 + f_d c) and
   //   score log2 = 2^e lambda s_{t,gk} (acc - 1024 sum q'/f) + lambda z_{t,gk} sum q.
   using Base = KTokenConstants<T>;
   using Base::kAcc, Base::kscale, Base::c2;
@@ -634,8 +634,9 @@ struct KFoldToken : KTokenConstants<T> {
 
 template <class T>
 struct KFoldToken8 : KTokenConstants<T> {
-  // Token-wise K, accumulator fold, int8 operands. B = Q' = round(q 2^e / f), an integer of at most 2^14 in magnitude (2^e per head keeping max |Q'| in [2^13,
-  // 2^14)), in two s8 parts on N = 16 as KFoldChannel's Q~; per channel group gk an int32
+  // Token-wise K, accumulator fold, int8 operands. B = Q' = round(q 2^e / f), an integer of at
+  // most 2^14 in magnitude (2^e per head keeping max |Q'| in [2^13, 2^14)), in two s8 parts on
+  // N = 16 as KFoldChannel's Q~ (the same rounding and split); per channel group gk an int32
   // accumulator acc_gk = sum_d Q'_d f_d c, exact, and
   //   score log2 = 2^-e lambda s_{t,gk} (256 acc_hi + acc_lo) + lambda z_{t,gk} sum q.
   // A k-step lies in one channel group: 32 channels (INT4) or 64 (INT2; INT2 with groups of 32
@@ -707,11 +708,11 @@ using KTokenSide =
 
 template <class T>
 struct KFoldChannel {
-  // Channel-wise K, operand fold, int8 operands. The A operands are the
-  // codes f c (f = k8_radix, 1 or 4), four to a register (k8_operands); once per token group the
-  // warpgroup builds Q~ = round(q s lambda 2^e / f), an integer of at most 2^14 in magnitude
-  // (2^e per head keeping max |Q~| in [2^13, 2^14), as the fp16 Q~ of KFoldChannel), in two s8
-  // parts Q~ = 256 hi + lo (lo the sign-extended low byte) on N = 16: columns 0-7 lo, 8-15 hi. The
+  // Channel-wise K, operand fold, int8 operands. The A operands are the codes f c (f = k8_radix,
+  // 1 or 4), four to a register (k8_operands); once per token group the warpgroup builds
+  // Q~ = round(q s lambda 2^e / f), an integer of at most 2^14 in magnitude (2^e per head keeping
+  // max |Q~| in [2^13, 2^14)), in two s8 parts Q~ = 256 hi + lo (lo the sign-extended low byte)
+  // on N = 16: columns 0-7 lo, 8-15 hi. The
   // u8 x s8 wgmma sums exactly in int32, so  score log2 = 2^-e (256 acc_hi + acc_lo + bias), bias =
   // sum_d Q~_d f z / s. No rounding but Q~'s own, and no bias in the operands to cut.
   static constexpr int kGroups = T::kGroupsT;
