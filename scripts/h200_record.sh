@@ -4,6 +4,7 @@
 #   STAGES="tests lab profile" bash scripts/h200_record.sh   are the kernels right, how fast, why
 #   STAGES="accuracy" bash scripts/h200_record.sh            the error at 4K-256K tokens, every mode
 #   STAGES="paper alu" bash scripts/h200_record.sh           every backend at the paper point
+#   STAGES="tokenk" bash scripts/h200_record.sh              our kernels at the paper point with token-wise K
 #   STAGES="full" RESUME=<run id> bash scripts/h200_record.sh  the full grid, resumable
 #   STAGES="tests grid paper accuracy floor alu" FOSCAR_GIT_SHA=<sha> BACKENDS_PAPER=foscar-int4,foscar-int2 \
 #     ALU_BACKENDS=foscar-int4,foscar-int2 bash scripts/h200_record.sh
@@ -64,6 +65,9 @@ for stage in $STAGES; do
     paper)
         timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" --run-id "${PAPER_RUN:-paper-h200-$SHA}" \
             ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
+    tokenk)  # the paper point with token-wise K (both V modes): the grid and `paper` are K channel-wise
+        timeout 300 python3 -m suite sweep --preset paper --backends foscar-int4,foscar-int2 --k-mode token --v-mode token,channel \
+            --db "$W/paper.sqlite" --run-id "paper-tokenk-h200-$SHA" ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -12 | tee -a "$LOG" ;;
     alu)
         RUN=$(python3 -c "from core.store import ResultStore; print(ResultStore('$W/paper.sqlite', readonly=True).latest_run())")
         timeout 240 python3 -m suite alu -b "$ALU_BACKENDS" \
@@ -89,7 +93,7 @@ for stage in $STAGES; do
     bdprobe)  # its error against unquantized attention beside plain min-max, and its cache read back
         timeout 420 python3 scripts/bitdecoding_probe.py --json "$W/bitdecoding_probe.json" 2>&1 | grep -v '^{' \
             | tee -a "$LOG" ;;
-    *) echo "unknown stage $stage (tests lab profile accuracy paper alu full grid floor ceiling nvfp4 bdbuild bdprobe)" | tee -a "$LOG" ;;
+    *) echo "unknown stage $stage (tests lab profile accuracy paper tokenk alu full grid floor ceiling nvfp4 bdbuild bdprobe)" | tee -a "$LOG" ;;
     esac
     pack
 done
