@@ -453,3 +453,60 @@ def v23_items(item_tokens: int) -> VArithmetic:
     """The kernels' arithmetic (V23) with token-wise V's fp32 fold over work items of
     `item_tokens` tokens: the output and the lanes' offset sums in fp32 until the item ends."""
     return replace(V23, name=f"{V23.name}, fp32 fold over items of {item_tokens} tokens", item_tokens=item_tokens)
+
+
+# ----------------------------------------------------------------------------- the K side's bias
+# Channel-wise K rounds Q~ = q s lambda 2^e / f to an integer of 15 bits (foscar_decode.cuh,
+# KFoldChannel) and adds the offsets as a bias; where the bias comes from decides whether that
+# rounding errs around zero. With e_d = 2^-e f Q~_d - q_d lambda s_d (the rounding in real units):
+#   "rounded"  sum Q~ f z / s 2^-e (v24-v26): the scores err by sum e_d (c_d + z_d / s_d), centred
+#              only where z / s sits near -m (the group's values symmetric around zero);
+#   "exact"    lambda sum q z: the error sum e_d c_d carries m sum e_d into every score of a group;
+#   "centred"  lambda sum q z - m sum e_d, summed as lambda sum q (z + m s) - m 2^-e f sum Q~ (v27):
+#              sum e_d (c_d - m), whatever the offsets;
+# m = (2^bits - 1) / 2, the middle code.
+K_BIAS_FORMS = ("rounded", "exact", "centred")
+
+
+def channel_k_scores(q: np.ndarray, codes: np.ndarray, scale: np.ndarray, offset: np.ndarray, bits: int,
+                     form: str) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of one token group, channel-wise K, as the kernel forms them in float64.
+
+    q [heads, d] (lambda included), codes [tokens, d], scale and offset [d] (the group's).
+    Returns (scores the kernel computes, exact scores q . (s c + z)), each [heads, tokens].
+    The kernel's f (radix factor) only shifts Q~'s rounding grid and is left out (f = 1).
+    """
+    if form not in K_BIAS_FORMS:
+        raise ValueError(f"form={form!r} is not a bias form; expected one of {K_BIAS_FORMS}.")
+    qt = q * scale  # [h, d]
+    amax = np.abs(qt).max(axis=1, keepdims=True)
+    e = 13 - np.floor(np.log2(amax))  # max |Q~| in [2^13, 2^14)
+    q_int = np.rint(qt * 2.0 ** e)
+    dot = (q_int @ codes.T) * 2.0 ** -e  # the int8 MMAs, exact, back in real units
+    mid = 0.5 * ((1 << bits) - 1)
+    if form == "rounded":
+        bias = (q_int * (offset / scale)).sum(axis=1, keepdims=True) * 2.0 ** -e
+    elif form == "exact":
+        bias = (q * offset).sum(axis=1, keepdims=True)
+    else:
+        # as the kernel sums it: lambda sum q (z + m s) - m 2^-e sum Q~ = lambda sum q z - m sum e_d
+        bias = (q * (offset + mid * scale)).sum(axis=1, keepdims=True) - mid * 2.0 ** -e * q_int.sum(axis=1, keepdims=True)
+    exact = q @ (codes * scale + offset).T
+    return dot + bias, exact
+
+
+def channel_k_score_error(bits: int, form: str, *, channel_offset: float = 0.0, tokens: int = 128, heads: int = 4,
+                          dim: int = 128, seed: int = 0) -> float:
+    """RMS score error of one token group of Gaussian keys quantized per channel (min-max, fp16 scale
+    and offset), each channel shifted by a Gaussian offset of std `channel_offset` (real keys have
+    such channels); q standard normal times lambda = log2(e) / sqrt(dim)."""
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((tokens, dim)) + channel_offset * rng.standard_normal(dim)
+    q = rng.standard_normal((heads, dim)) * (math.log2(math.e) / math.sqrt(dim))
+    levels = (1 << bits) - 1
+    lo, hi = k.min(axis=0), k.max(axis=0)
+    scale = ((hi - lo) / levels).astype(np.float16).astype(np.float64)
+    offset = lo.astype(np.float16).astype(np.float64)
+    codes = np.clip(np.rint((k - offset) / scale), 0, levels)
+    got, exact = channel_k_scores(q, codes, scale, offset, bits, form)
+    return float(np.sqrt(np.mean((got - exact) ** 2)))

@@ -204,9 +204,11 @@ struct DecodeShape {
   // rebuild, the ablation's dequantization), token-wise K where it turns this chunk's S into
   // scores.
   static constexpr int kKParamLead = KCH ? 1 : 0;
-  // INT4's paired token-wise K / V kernel with groups of 128 runs four CTAs per SM
-  // (DecodeTraits::kFourCtas) on the 4 paired stages that let four fit (v26).
-  static constexpr bool kInt4FourCtas = BITS == 4 && HP == 2 && G == 128 && !KCH && !VCH && !DEQ && FOSCAR_CTAS_INT4 == 0;
+  // INT4's paired kernels with groups of 128 run four CTAs per SM (DecodeTraits::kFourCtas) on
+  // the 4 paired stages that let four fit, but channel-wise K and V together (v26: token-wise
+  // K / V; v27: one side channel-wise).
+  static constexpr bool kInt4FourCtas =
+      BITS == 4 && HP == 2 && G == 128 && !(KCH && VCH) && !DEQ && FOSCAR_CTAS_INT4 == 0;
   // Ring stages, each one KV head's share of a trip (a paired item's trip takes two): at least
   // the current trip's and the next one's.
   // (INT4 with groups of 32 keeps one stage fewer, so that three CTAs fit an SM.)
@@ -256,7 +258,8 @@ struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   // (it spills at 104 registers; channel-wise K or V level), INT4 level to 3 % (its ring cut to 4
   // paired stages to fit). With K's int8 operands (v24, v25) INT4's paired token-wise K / V
   // kernel at G = 128 gained 4.8 % at batch 128 from four CTAs (level at 32; PERFORMANCE.md,
-  // ninth session): v26 gives it four.
+  // ninth session): v26 gives it four; v27 its K channel-wise / V token-wise and K token-wise / V
+  // channel-wise kernels too (2-5 % at batch 128, 1 % slower at 32; channel/channel lost 2-6 %).
   static constexpr bool kFourCtas =
       (BITS_ == 2 && HP_ == 2 && !DEQ_ && (G_ == 128 || (G_ == 64 && KCH_ && VCH_))) || Shape::kInt4FourCtas;
   static constexpr int kCtasTuned = kFourCtas ? 4 : kMinCtasPerSm;
@@ -713,8 +716,17 @@ struct KFoldChannel {
   // Q~ = round(q s lambda 2^e / f), an integer of at most 2^14 in magnitude (2^e per head keeping
   // max |Q~| in [2^13, 2^14)), in two s8 parts Q~ = 256 hi + lo (lo the sign-extended low byte)
   // on N = 16: columns 0-7 lo, 8-15 hi. The
-  // u8 x s8 wgmma sums exactly in int32, so  score log2 = 2^-e (256 acc_hi + acc_lo + bias), bias =
-  // sum_d Q~_d f z / s. No rounding but Q~'s own, and no bias in the operands to cut.
+  // u8 x s8 wgmma sums exactly in int32, so  score log2 = 2^-e (256 acc_hi + acc_lo) + bias. No
+  // rounding but Q~'s own, and no bias in the operands to cut. The bias is centred (v27): with
+  // e_d = 2^-e f Q~_d - q_d lambda s_d, Q~'s rounding in real units,
+  //   bias = lambda sum_d q_d z_d - m sum_d e_d = lambda sum_d q_d (z_d + m s_d) - m 2^-e f sum_d Q~_d,
+  //   m = (2^BITS - 1) / 2,
+  // so that the scores err by sum_d e_d (c_d - m), centred whatever the offsets z; and it needs
+  // no 1 / s. (v24-v26 put the offset on the rounded Q~, sum Q~ f z / s 2^-e, erring by
+  // sum e_d (c_d + z_d / s_d): centred only where z / s is near -m; from the exact q alone,
+  // lambda sum q z, the error sum e_d c_d carries m sum e_d into every score of the group, 5 %
+  // more error at INT2 on centred data.)
+  static constexpr float kMidCode = 0.5f * ((1 << T::BITS) - 1);
   static constexpr int kGroups = T::kGroupsT;
   static constexpr bool kScoresReadStage = false;
   static constexpr bool kInt8 = true;  // k8_operands
@@ -762,7 +774,8 @@ struct KFoldChannel {
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq) {
       const uint8_t* head_par = of_head(par, hp) + gq * kD * 4;
-      float qt[8], zs[8], amax = 0.f;
+      // qt = q s lambda / f; qz = sum of q lambda (z + m s) / f over the slice, m the middle code.
+      float qt[8], qz = 0.f, amax = 0.f;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint4 raw = lds128(head_par + ch[r] * 4);  // 4 (scale, offset) pairs
@@ -771,8 +784,8 @@ struct KFoldChannel {
         for (int c = 0; c < 4; ++c) {
           const float2 sz = unpack_f16x2(words[c]);
           const int j = 4 * r + c;
-          qt[j] = qc[j] * sz.x;  // the scale is never 0 (docs/FORMAT.md)
-          zs[j] = f * sz.y / sz.x;
+          qt[j] = qc[j] * sz.x;
+          qz = fmaf(qc[j], fmaf(kMidCode, sz.x, sz.y), qz);
           amax = fmaxf(amax, fabsf(qt[j]));
         }
       }
@@ -785,13 +798,13 @@ struct KFoldChannel {
       // (Q~ + 128) >> 8, with Q~ = 256 hi + (the low byte sign-extended).
       constexpr float kRound = 12582912.f;
       uint32_t lo[8], hi[8];
-      float part = 0.f;
+      uint32_t q_bits = 0u;  // the sum of the bits 0x4B400000 + Q~, modulo 2^32
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float y = fmaf(qt[j], up, kRound);
         lo[j] = static_cast<uint32_t>(float_bits(y));
         hi[j] = lo[j] + 128u;
-        part = fmaf(y - kRound, zs[j], part);  // the bias on the rounded Q~
+        q_bits += lo[j];
       }
       // Byte 2c + r is channel ch[r] + c: j = 4r + c.
       uint8_t* tiles = s.q_tile[gq][hp][0];
@@ -799,8 +812,11 @@ struct KFoldChannel {
           make_uint2(gather_bytes<0>(lo[0], lo[4], lo[1], lo[5]), gather_bytes<0>(lo[2], lo[6], lo[3], lo[7]));
       *reinterpret_cast<uint2*>(tiles + q8.tile_offset(1)) =
           make_uint2(gather_bytes<1>(hi[0], hi[4], hi[1], hi[5]), gather_bytes<1>(hi[2], hi[6], hi[3], hi[7]));
-      part = reduce_lanes<16, false>(part);
-      if ((L.tid & 15) == 0) s.kconst[gq][q8.n][0] = part, s.kconst[gq][q8.n][1] = exp2_int(-e);
+      // The bias, centred: f qz - m f 2^-e sum Q~ (f = 1 or 4: exact).
+      const int q_sum = static_cast<int>(q_bits - 8u * 0x4B400000u);
+      const float bias =
+          reduce_lanes<16, false>(fmaf(-kMidCode * f * exp2_int(-e), static_cast<float>(q_sum), qz * f));
+      if ((L.tid & 15) == 0) s.kconst[gq][q8.n][0] = bias, s.kconst[gq][q8.n][1] = exp2_int(-e);
     }
     fence_proxy_async_smem();
   }
@@ -827,7 +843,7 @@ struct KFoldChannel {
     for (int e = 0; e < 4; ++e) {
       const int lo = second ? acc[kGroups - 1][e] : acc[0][e];
       const int hi = second ? acc[kGroups - 1][4 + e] : acc[0][4 + e];
-      x[e] = (static_cast<float>(hi * 256 + lo) + bias[e & 1]) * inv[e & 1];
+      x[e] = fmaf(static_cast<float>(hi * 256 + lo), inv[e & 1], bias[e & 1]);
     }
   }
 };

@@ -18,6 +18,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import foscar
@@ -168,3 +169,30 @@ def test_the_model_finds_int2_at_factor_1_losing_with_the_context():
     measured = h200[("int2-g128-kc-vt", 262144)]
     assert long > 1.08 * short and kept < 1.04 * short, f"f = 1: {short:.2e} -> {long:.2e}; v23 {kept:.2e}"
     assert measured / 1.5 <= long <= measured * 1.5, f"model {long:.2e}, H200 {measured:.2e}"
+
+
+def test_the_centred_k_bias_errs_by_the_rounding_times_the_centred_codes():
+    rng = np.random.default_rng(3)
+    q, codes = rng.standard_normal((4, 128)), rng.integers(0, 16, (128, 128)).astype(float)
+    scale, offset = rng.uniform(0.1, 0.5, 128), rng.normal(0, 3, 128)
+    got, exact = precision.channel_k_scores(q, codes, scale, offset, 4, "centred")
+    qt = q * scale
+    e = 13 - np.floor(np.log2(np.abs(qt).max(axis=1, keepdims=True)))
+    err = np.rint(qt * 2.0 ** e) * 2.0 ** -e - qt
+    assert np.allclose(got - exact, err @ (codes - 7.5).T, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+def test_the_centred_k_bias_is_the_best_of_both_forms(bits):
+    """v27's bias: as good as v26's (the rounded Q~ against z / s) on centred keys, where the exact
+    q alone errs more; better than v26's where channels carry offsets (foscar_decode.cuh)."""
+    def rms(form, offset):
+        return np.mean([precision.channel_k_score_error(bits, form, channel_offset=offset, seed=s) for s in range(8)])
+    assert rms("centred", 0.0) < 1.1 * rms("rounded", 0.0)
+    assert rms("centred", 0.0) < 0.7 * rms("exact", 0.0)
+    assert rms("centred", 3.0) < 0.5 * rms("rounded", 3.0)
+
+
+def test_an_unknown_k_bias_form_is_one_clear_error():
+    with pytest.raises(ValueError, match="not a bias form"):
+        precision.channel_k_scores(np.ones((1, 4)), np.ones((2, 4)), np.ones(4), np.zeros(4), 4, "biased")
