@@ -114,6 +114,6 @@ def test_bundled_report_bounds_int4_over_flashinfer_at_3_78x(rendered_bundled):
     summary = pd.read_csv(rendered_bundled.parent / "speedup_bound.csv")
     row = summary[(summary["ours"] == "foscar-int4") & (summary["over"] == "flashinfer-bf16-tc")].iloc[0]
     assert row["n_cases"] == 16 and round(row["geomean_bound"], 2) == 3.78 and row["target"] == 3.5
-    assert "ours: run grid-h200-78edeb5" in section and "baselines: run grid-h200-78edeb5" in section
+    assert "ours: run grid-h200-ff91cc6" in section and "baselines: run grid-h200-ff91cc6" in section
     assert "3.78x" in section and "3.5x: in reach" in section
-    assert "docs/data/floor_h200_grid_78edeb5.json (bundled)" in section
+    assert "docs/data/floor_h200_grid_ff91cc6.json (bundled)" in section
