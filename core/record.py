@@ -93,7 +93,13 @@ class TimingFields:
     mem_clock_mhz_after: float | None = None
     temperature_c_after: float | None = None
     power_w_after: float | None = None
-    throttled: bool | None = None
+    # Read during every timed batch (suite.envinfo.load_clocks): the lowest and median SM clock,
+    # the highest power, and the fraction of batches that saw a slowdown reason.
+    sm_clock_mhz_min: float | None = None
+    sm_clock_mhz_median: float | None = None
+    power_w_max: float | None = None
+    throttled_frac: float | None = None
+    throttled: bool | None = None  # a slowdown reason before timing or in any batch
     throttle_reasons: str | None = None
     eff_bandwidth_tbps: float | None = None
     frac_peak_bus: float | None = None

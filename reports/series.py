@@ -71,15 +71,18 @@ def per_point(records: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 TIMING_COLS = ["status", "median_us", "p10_us", "p90_us", "n_samples", "spread",
-               "sm_clock_mhz_before", "sm_clock_mhz_after", "gpu_uuid"]
+               "sm_clock_mhz_before", "sm_clock_mhz_after", "sm_clock_mhz_median", "gpu_uuid"]
 
 
 def sample(row, suffix: str = "") -> noise.Sample:
-    """One side of a pair as a noise.Sample; the clock is the one read under load, the GPU
-    the record's physical one (noise.judge is stricter across two)."""
-    clock = row.get("sm_clock_mhz_after" + suffix)
-    if clock is None or pd.isna(clock):
-        clock = row.get("sm_clock_mhz_before" + suffix)
+    """One side of a pair as a noise.Sample; the clock is the one read under load (the median
+    over the timed batches, or the last reading for records made before those were kept), the
+    GPU the record's physical one (noise.judge is stricter across two)."""
+    clock = None
+    for col in ("sm_clock_mhz_median", "sm_clock_mhz_after", "sm_clock_mhz_before"):
+        clock = row.get(col + suffix)
+        if clock is not None and not pd.isna(clock):
+            break
     uuid = row.get("gpu_uuid" + suffix)
     return noise.Sample(row["median_us" + suffix], row.get("p10_us" + suffix), row.get("p90_us" + suffix),
                         row.get("n_samples" + suffix), row.get("spread" + suffix), clock,

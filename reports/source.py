@@ -14,7 +14,8 @@ NUMERIC = (
     "bits", "batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim", "group_size",
     "page_size", "median_us", "p10_us", "p90_us", "n_samples", "spread", "bytes", "flops",
     "eff_bandwidth_tbps", "frac_peak_bus", "frac_peak_datasheet", "frac_read_ceiling",
-    "rel_error", "quant_rel_error", "sm_clock_mhz_before", "sm_clock_mhz_after",
+    "rel_error", "quant_rel_error", "sm_clock_mhz_before", "sm_clock_mhz_after", "sm_clock_mhz_min",
+    "sm_clock_mhz_median", "power_w_max", "throttled_frac",
     "alu_per_elem", "inst_per_elem", "alu_static_per_elem", "dram_bytes_read",
 )
 

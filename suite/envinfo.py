@@ -4,6 +4,8 @@ it once per run. Every probe is optional: a missing library or GPU gives None, n
 """
 from __future__ import annotations
 
+import statistics
+
 import importlib
 import platform
 import socket
@@ -109,6 +111,30 @@ def clock_sample(nv, handle) -> dict[str, Any]:
         "power_w": (lambda mw: mw / 1000 if mw else None)(_call(nv.nvmlDeviceGetPowerUsage, handle)),
         "throttle_mask": mask,
         "throttle_reasons": reasons,
+    }
+
+
+def load_clocks(before: dict[str, Any], under_load: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the clocks did while a case was timed: `before` (clock_sample before the first
+    sample) and one clock_sample per timed batch, taken while the batch ran.
+
+    Returns the lowest and the median SM clock under load, the highest power drawn, the
+    slowdown reasons seen before or in any batch (sorted), and the fraction of batches that
+    saw one (None without readings). A run that slowed in its middle batches is flagged
+    even if its last reading was clean.
+    """
+    clocks = [c["sm_clock_mhz"] for c in under_load if c.get("sm_clock_mhz") is not None]
+    powers = [c["power_w"] for c in under_load if c.get("power_w") is not None]
+    masks = [c for c in under_load if c.get("throttle_mask") is not None]
+    reasons = set(before.get("throttle_reasons") or [])
+    for c in under_load:
+        reasons.update(c.get("throttle_reasons") or [])
+    return {
+        "sm_clock_mhz_min": min(clocks) if clocks else None,
+        "sm_clock_mhz_median": statistics.median(clocks) if clocks else None,
+        "power_w_max": max(powers) if powers else None,
+        "throttle_reasons": sorted(reasons),
+        "throttled_frac": (sum(1 for c in masks if c.get("throttle_reasons")) / len(masks)) if masks else None,
     }
 
 

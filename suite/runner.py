@@ -345,7 +345,7 @@ def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
         fields = timing_fields(time_cpu([prepared.run]))
         fields.l2_verdict = "n/a (cpu)"
         return fields
-    from suite.envinfo import clock_sample
+    from suite.envinfo import clock_sample, load_clocks
 
     plan = plan_l2(case, nbytes, ctx.gpu.l2_bytes)
     preps = [prepared]
@@ -357,14 +357,15 @@ def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
     if policy == "flush":
         flush = l2_flush(2 * (ctx.gpu.l2_bytes or 50 << 20), ctx.device)
     before = clock_sample(ctx.nvml, ctx.nvml_handle)
-    timing, after = time_gpu(
+    timing, under_load = time_gpu(
         [p.run for p in preps if isinstance(p, Prepared)],
         l2_policy=policy,
         flush=flush,
         sample_clock=lambda: clock_sample(ctx.nvml, ctx.nvml_handle),
     )
-    after = after or clock_sample(ctx.nvml, ctx.nvml_handle)
-    reasons = sorted(set(before.get("throttle_reasons") or []) | set(after.get("throttle_reasons") or []))
+    after = under_load[-1] if under_load else clock_sample(ctx.nvml, ctx.nvml_handle)
+    load = load_clocks(before, under_load or [after])
+    reasons = load["throttle_reasons"]
     fields = timing_fields(timing)
     fields.l2_detail, fields.l2_verdict, fields.l2_reuse_bytes = plan.detail, plan.verdict, plan.reuse_bytes
     fields.sm_clock_mhz_before = before.get("sm_clock_mhz")
@@ -372,6 +373,8 @@ def _time(case: Case, backend: Backend, prepared: Prepared, source: SourceKV, ct
     fields.mem_clock_mhz_after = after.get("mem_clock_mhz")
     fields.temperature_c_after = after.get("temperature_c")
     fields.power_w_after = after.get("power_w")
+    fields.sm_clock_mhz_min, fields.sm_clock_mhz_median = load["sm_clock_mhz_min"], load["sm_clock_mhz_median"]
+    fields.power_w_max, fields.throttled_frac = load["power_w_max"], load["throttled_frac"]
     fields.throttled = bool(reasons)
     fields.throttle_reasons = ",".join(reasons)
     del preps

@@ -52,6 +52,23 @@ def _varying(df: pd.DataFrame) -> set[str]:
     return vary
 
 
+def _known(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def throttle_note(r: Any) -> str:
+    """'SwPowerCap in 40% of the timed batches, SM clock 1755-1980 MHz': the reasons, how much
+    of the run they touched and what the clock did under load, as far as the record knows."""
+    text = str(getattr(r, "throttle_reasons", "") or "a slowdown")
+    frac = getattr(r, "throttled_frac", None)
+    if _known(frac):
+        text += f" in {frac:.0%} of the timed batches"
+    lo, hi = getattr(r, "sm_clock_mhz_min", None), getattr(r, "sm_clock_mhz_before", None)
+    if _known(lo):
+        text += f", SM clock {lo:.0f}-{hi:.0f} MHz" if _known(hi) and hi > lo else f", SM clock down to {lo:.0f} MHz"
+    return text
+
+
 def summary_table(df: pd.DataFrame, title: str | None = None):
     """A rich renderable: a table (backend, case, status, median us, TB/s, % of the
     bus-derived peak, relative error) that fits 80 columns, then one line per record that
@@ -79,7 +96,7 @@ def summary_table(df: pd.DataFrame, title: str | None = None):
         status = r.status
         if r.status == "passed" and getattr(r, "throttled", 0):
             status += "*"
-            notes.append(f"* {r.backend} {case}: ran throttled ({r.throttle_reasons})")
+            notes.append(f"* {r.backend} {case}: ran throttled ({throttle_note(r)})")
         elif r.status != "passed":
             reason = str(r.reason or "").replace("\n", " ")
             notes.append(f"{r.backend} {case}: {r.status}: {reason[:200]}")

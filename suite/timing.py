@@ -205,13 +205,14 @@ def time_gpu(
     use_graphs: bool = True,
     sample_clock: Callable[[], Any] | None = None,
     rule: StopRule = DEFAULT_RULE,
-) -> tuple[Timing, Any]:
+) -> tuple[Timing, list[Any]]:
     """Time one decode step over `runs` (one thunk per prepared copy, rotated in turn),
     sampling until `rule` stops it.
 
     flush: called (on the GPU stream) before every sample when L2 is kept cold by
     flushing. sample_clock: called while each batch is still running, so clocks and
-    throttle reasons are read under load; the last reading is returned beside the timing.
+    throttle reasons are read under load; every batch's reading is returned beside the
+    timing, in order (suite.envinfo.load_clocks sums them up).
     """
     import torch
 
@@ -222,7 +223,7 @@ def time_gpu(
     launchers, note = capture_graphs(runs) if use_graphs else (list(runs), "graphs off")
     method = "graph" if not note else "events"
     sleep = getattr(torch.cuda, "_sleep", None)
-    state = {"offset": 0, "clock": None}
+    state: dict[str, Any] = {"offset": 0, "clocks": []}
 
     def take(n: int) -> list[float]:
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
@@ -236,12 +237,12 @@ def time_gpu(
             end.record()
         state["offset"] += n
         if sample_clock is not None:
-            state["clock"] = sample_clock()  # the GPU is still busy with this batch
+            state["clocks"].append(sample_clock())  # the GPU is still busy with this batch
         torch.cuda.synchronize()
         return [s.elapsed_time(e) * 1e3 for s, e in events]
 
     samples, why = sample_until_stable(take, rule)
-    return summarize(samples, method, l2_policy, note, stop_reason=why), state["clock"]
+    return summarize(samples, method, l2_policy, note, stop_reason=why), state["clocks"]
 
 
 L2_ASSUMED_BYTES = 50 * 1024 * 1024  # used only when the device did not say

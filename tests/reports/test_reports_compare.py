@@ -312,3 +312,12 @@ def test_dashboard_pairs_apply_the_cross_gpu_rule(tmp_path):
     pairs = series.pair(recs[recs["run_id"] == "BASE"], recs[recs["run_id"] == "HEAD"], 0.02)
     assert pairs["verdict"].tolist() == [noise.AMBIGUOUS]
     assert pairs["why"].tolist() == ["different GPUs: GPU-f20d61eb vs GPU-e1f4468f"]
+
+
+def test_a_samples_clock_is_the_median_read_under_load_where_the_record_has_it():
+    from reports import series
+
+    row = {"median_us": 100.0, "sm_clock_mhz_before": 1980.0, "sm_clock_mhz_after": 1980.0, "sm_clock_mhz_median": 1800.0}
+    assert series.sample(row).sm_clock_mhz == 1800.0
+    older = {"median_us": 100.0, "sm_clock_mhz_before": 1980.0, "sm_clock_mhz_after": 1890.0, "sm_clock_mhz_median": float("nan")}
+    assert series.sample(older).sm_clock_mhz == 1890.0

@@ -41,6 +41,9 @@ def test_stub_is_checked_and_timed(ctx):
     assert t.spread is not None and t.stop_reason and t.l2_verdict in ("cold", "warm", "unknown")
     assert rec.reproducer and "--gpus 0" in rec.reproducer
     assert t.l2_policy and t.sm_clock_mhz_before is not None
+    # the clocks were read during the timed batches (NVML is on the box)
+    assert t.sm_clock_mhz_min is not None and t.sm_clock_mhz_min <= t.sm_clock_mhz_median
+    assert t.throttled_frac is not None and 0 <= t.throttled_frac <= 1
     assert t.eff_bandwidth_tbps > 0 and t.frac_peak_bus is not None
     assert rec.gpu.gpu_name == ctx.gpu.name and rec.gpu.bus_peak_tbps == ctx.gpu_env.get("bus_peak_tbps")
 

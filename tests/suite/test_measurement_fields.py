@@ -95,3 +95,34 @@ def test_compare_treats_inaccurate_as_timed(tmp_path):
     assert compare(results, "A", "B", fail_threshold=0.05).changes["verdict"].tolist() == [noise.SLOWER]
     lost = compare(results, "C", "A", fail_threshold=0.05)
     assert lost.changes["verdict"].tolist() == ["now inaccurate"] and len(lost.failures) == 1
+
+
+def _reading(mhz, reasons=(), power=400.0):
+    return {"sm_clock_mhz": mhz, "power_w": power, "throttle_mask": 4 if reasons else 0, "throttle_reasons": list(reasons)}
+
+
+def test_a_slowdown_in_the_middle_of_the_timed_batches_is_recorded():
+    """The clocks are read in every timed batch: a power cap that came and went is flagged with
+    how much of the run it touched and how low the clock went, though the last reading is clean."""
+    from suite.envinfo import load_clocks
+
+    batches = [_reading(1980), _reading(1890, ["SwPowerCap"], 690.0), _reading(1755, ["SwPowerCap"]), _reading(1980)]
+    load = load_clocks(_reading(1980), batches)
+    assert load["throttle_reasons"] == ["SwPowerCap"] and load["throttled_frac"] == 0.5
+    assert load["sm_clock_mhz_min"] == 1755 and load["sm_clock_mhz_median"] == 1935 and load["power_w_max"] == 690.0
+    clean = load_clocks(_reading(1980), [_reading(1980), _reading(1965)])
+    assert clean["throttle_reasons"] == [] and clean["throttled_frac"] == 0.0
+    blind = load_clocks({}, [{"sm_clock_mhz": None, "throttle_mask": None}])  # no NVML readings
+    assert blind["sm_clock_mhz_min"] is None and blind["throttled_frac"] is None
+
+
+def test_the_sweeps_note_says_how_much_of_a_run_was_throttled():
+    from types import SimpleNamespace
+
+    from suite.summary import throttle_note
+
+    r = SimpleNamespace(throttle_reasons="SwPowerCap", throttled_frac=0.4, sm_clock_mhz_min=1755.0,
+                        sm_clock_mhz_before=1980.0)
+    assert throttle_note(r) == "SwPowerCap in 40% of the timed batches, SM clock 1755-1980 MHz"
+    old = SimpleNamespace(throttle_reasons="SwPowerCap")  # a record made before the batches were read
+    assert throttle_note(old) == "SwPowerCap"
