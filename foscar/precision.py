@@ -21,6 +21,9 @@ the V side dominates (tests/foscar/test_precision.py checks it against the H200)
 A kernel's arithmetic (`VArithmetic`) says what its A operands hold (bias + f c, the centred
 f (c - mid), or since v23 the unbiased fp16 subnormals f c 2^-24) and which tokens share one
 accumulator between two flushes (`chains`).
+
+The last section models the one K-side choice that moves the error: where channel-wise K's
+offsets enter the scores beside its rounded integer Q~ (`channel_k_scores`, v27).
 """
 from __future__ import annotations
 

@@ -4,11 +4,10 @@ it once per run. Every probe is optional: a missing library or GPU gives None, n
 """
 from __future__ import annotations
 
-import statistics
-
 import importlib
 import platform
 import socket
+import statistics
 import sys
 from typing import Any
 
