@@ -124,7 +124,7 @@ def load_clocks(before: dict[str, Any], under_load: list[dict[str, Any]]) -> dic
     """
     clocks = [c["sm_clock_mhz"] for c in under_load if c.get("sm_clock_mhz") is not None]
     powers = [c["power_w"] for c in under_load if c.get("power_w") is not None]
-    masks = [c for c in under_load if c.get("throttle_mask") is not None]
+    read = [c for c in under_load if c.get("throttle_mask") is not None]  # batches whose reasons NVML gave
     reasons = set(before.get("throttle_reasons") or [])
     for c in under_load:
         reasons.update(c.get("throttle_reasons") or [])
@@ -133,7 +133,7 @@ def load_clocks(before: dict[str, Any], under_load: list[dict[str, Any]]) -> dic
         "sm_clock_mhz_median": statistics.median(clocks) if clocks else None,
         "power_w_max": max(powers) if powers else None,
         "throttle_reasons": sorted(reasons),
-        "throttled_frac": (sum(1 for c in masks if c.get("throttle_reasons")) / len(masks)) if masks else None,
+        "throttled_frac": sum(1 for c in read if c.get("throttle_reasons")) / len(read) if read else None,
     }
 
 

@@ -7,16 +7,16 @@ from typing import Any
 import pandas as pd
 
 
+def _known(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
 def _num(value: Any, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value, fmt)
+    return format(value, fmt) if _known(value) else "-"
 
 
 def _pct(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{100 * value:.1f}%"
+    return f"{100 * value:.1f}%" if _known(value) else "-"
 
 
 def latest_per_item(df: pd.DataFrame) -> pd.DataFrame:
@@ -50,10 +50,6 @@ def _varying(df: pd.DataFrame) -> set[str]:
     if quant[["k_mode", "v_mode"]].drop_duplicates().shape[0] > 1:
         vary.add("modes")
     return vary
-
-
-def _known(value: Any) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
 def throttle_note(r: Any) -> str:
