@@ -23,7 +23,9 @@ f (c - mid), or since v23 the unbiased fp16 subnormals f c 2^-24) and which toke
 accumulator between two flushes (`chains`).
 
 The last section models the one K-side choice that moves the error: where channel-wise K's
-offsets enter the scores beside its rounded integer Q~ (`channel_k_scores`, v27).
+offsets enter the scores beside its rounded integer Q~ (`channel_k_scores`, v27). The section
+after it asks what P~ as unsigned 8-bit integers (int8 Tensor Cores for PV) would cost beside
+today's fp16 operand (`pv_operand_output`, `PV_OPERAND_FORMS`, `u8_run_headroom`).
 """
 from __future__ import annotations
 
@@ -513,3 +515,217 @@ def channel_k_score_error(bits: int, form: str, *, channel_offset: float = 0.0, 
     codes = np.clip(np.rint((k - offset) / scale), 0, levels)
     got, exact = channel_k_scores(q, codes, scale, offset, bits, form)
     return float(np.sqrt(np.mean((got - exact) ** 2)))
+
+
+# ----------------------------------------------------------------- P as unsigned 8-bit integers
+# A question for the V side (not a kernel in the tree): feed O^T = V^T P~^T to int8 Tensor Cores
+# (mma.sync u8 x u8 -> exact int32, four codes a register instead of two). P~ must then be an
+# integer in [0, 255]: P~_t = rint(a_t 2^E), a_t = p_t s_t (token-wise V) or p_t (channel-wise V),
+# with 2^E chosen so that no P~ passes 255; the int32 sums are exact and leave at 2^-E. Forms:
+#   "fp16"      today's operand: a rounded to fp16 (to nearest even), products and sums exact;
+#   "u8-chunk"  E per (16-token step, query column): the largest 2^E with max_step a 2^E <= 255;
+#   "u16-chunk" as u8-chunk with 16 bits (<= 65535): P~ in two u8 parts, two int8 MMAs a k-step;
+#   "u8-run"    E per (query column, run): a run is a stretch of steps with one running maximum m
+#               (a step that raises m starts a new one: the int32 sum leaves, scaled by the old
+#               2^-E and the softmax factor), E taken from its first step, and a new run wherever
+#               a later step would pass 255 (an overflow) or, channel-wise, a 128-token group
+#               starts (the scale changes);
+#   "e4m3"      a rounded to fp8 e4m3 (3 mantissa bits, to nearest even), no scaling: the FOSCAR
+#               paper's P operand on Blackwell, for reference.
+# The offsets ride on the same operand (token-wise: sum P~ 2^-E z / s; channel-wise: z sum P~ 2^-E),
+# so every form errs only by the rounding of a; the denominator l = sum p is exact (fp32 p in the
+# kernels). p = exp(score - m) with m the running maximum up to the current step, as an online
+# softmax forms it; everything past the operand's rounding is exact (float64).
+PV_OPERAND_FORMS = ("fp16", "u8-chunk", "u16-chunk", "u8-run", "e4m3")
+PV_DATA = ("gauss", "peaked")
+U8_MAX = 255
+U16_MAX = 65535  # u16-chunk: P~ = 256 hi + lo, both parts u8
+INT32_MAX = (1 << 31) - 1
+# The largest radix factor a code is read at in its byte: INT2 64 (64 c <= 192), INT4 16 (<= 240).
+U8_TOP_FACTOR = {2: 64, 4: 16}
+
+
+@dataclass(frozen=True)
+class PVOperandResult:
+    """One form over one KV head: outputs [heads, d] and the u8 forms' integer bookkeeping."""
+
+    form: str
+    out: np.ndarray  # modelled output, before any bf16 rounding
+    ref: np.ndarray  # float64 attention over the same dequantized cache
+    runs: int = 0  # int32 accumulators that leave (u8 forms; all query columns together)
+    overflows: int = 0  # u8-run: runs started because a step would pass 255
+    longest_run: int = 0  # u8 forms: the most tokens one accumulator sums
+    max_acc: float = 0.0  # u8 forms: the largest accumulator, every code at the top radix factor
+    # What each token weighs in the output [heads, n], p's stand-in against the final maximum
+    # (w~ / s token-wise), so that out = weights . V / l.
+    weights: np.ndarray | None = None
+
+    @property
+    def error(self) -> float:
+        return float(np.linalg.norm(self.out - self.ref) / np.linalg.norm(self.ref))
+
+    @property
+    def error_bf16(self) -> float:
+        return float(np.linalg.norm(_bf16(self.out) - self.ref) / np.linalg.norm(self.ref))
+
+
+def u8_run_headroom(bits: int, factor: int | None = None) -> int:
+    """The most tokens an int32 accumulator of P~ (<= 255) times codes read at `factor` (default
+    the top radix factor, U8_TOP_FACTOR) may sum before it could overflow: every P~ = 255 and
+    every code at its largest, (2^bits - 1) factor."""
+    factor = U8_TOP_FACTOR[bits] if factor is None else factor
+    return INT32_MAX // (U8_MAX * ((1 << bits) - 1) * factor)
+
+
+def u8_exponent(peak: np.ndarray, top: int = U8_MAX) -> np.ndarray:
+    """The largest E (an integer, as float64) with peak 2^E <= top (255), per element; 0 where peak
+    is 0."""
+    peak = np.asarray(peak, dtype=np.float64)
+    safe = np.where(peak > 0, peak, 1.0)
+    e = np.floor(np.log2(top / safe))
+    e -= np.ldexp(safe, e.astype(np.int64)) > top  # log2's last bit either way
+    e += np.ldexp(safe, e.astype(np.int64) + 1) <= top
+    return np.where(peak > 0, e, 0.0)
+
+
+def e4m3(x: np.ndarray) -> np.ndarray:
+    """float64 -> the nearest fp8 e4m3 value (to nearest even; subnormals down to 2^-9). Values past
+    e4m3's largest, 448, are refused (e4m3fn has no infinity)."""
+    x = np.asarray(x, dtype=np.float64)
+    a = np.abs(x)
+    if (a > 464).any():  # 464 rounds (to even) to 512: out of range
+        raise ValueError(f"e4m3 holds at most 448; got {a.max():.4g}")
+    _, ex = np.frexp(a)  # a = m 2^ex, 0.5 <= m < 1
+    quantum = np.ldexp(1.0, np.maximum(ex - 1, -6) - 3)  # 3 mantissa bits; normals from 2^-6
+    return np.copysign(np.minimum(np.rint(a / quantum) * quantum, 448.0), x)
+
+
+def pv_inputs(kv_len: int, bits: int, v_mode: str, data: str = "gauss", *, heads: int = 4, dim: int = 128,
+              peaks: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One KV head of the sweep's data (foscar.synthetic: Gaussian q, K and V, `heads` query heads
+    on it), quantized by foscar.quantize (group 128, K channel-wise, V `v_mode`, fp16 parameters).
+
+    Returns (scores [heads, n] = q . k / sqrt(d) over the dequantized K, codes [n, d], scale [n, d],
+    offset [n, d]) as float64. data="peaked": `peaks` tokens (token 0, an attention sink, and
+    peaks - 1 others drawn with the seed) score 8 to 12 above the largest of the rest, per head,
+    so that they hold most of the probability mass at every length."""
+    if data not in PV_DATA:
+        raise ValueError(f"data={data!r} is not known; expected one of {PV_DATA}.")
+    from foscar import synthetic
+    from foscar.cache import quantize
+
+    inp = synthetic.make_inputs(1, kv_len, num_q_heads=heads, num_kv_heads=1, head_dim=dim, seed=seed)
+    cfg = QuantConfig(bits=bits, group_size=128, k_mode="channel", v_mode=v_mode, page_size=128)
+    view = logical_view(quantize(inp.k, inp.v, [kv_len], cfg), 0)
+    if view.k_tail.shape[0]:
+        raise ValueError(f"kv_len={kv_len} leaves a BF16 tail; take a multiple of the group size (128).")
+    k = _dequant(view.k_codes[:, 0], view.k_params[:, 0], cfg.k_mode, cfg.group_size)
+    scores = inp.q[0].double().numpy() @ k.T / math.sqrt(dim)
+    if data == "peaked":
+        rng = np.random.default_rng(seed + 1)
+        chosen = np.concatenate([[0], 1 + rng.choice(kv_len - 1, size=peaks - 1, replace=False)])
+        rest = np.delete(scores, chosen, axis=1).max(axis=1, keepdims=True)
+        scores[:, chosen] = rest + rng.uniform(8.0, 12.0, size=(heads, peaks))
+    codes = view.v_codes[:, 0].numpy().astype(np.float64)
+    scale, offset = _params(view.v_params[:, 0], v_mode, cfg.group_size, kv_len, dim)
+    return scores, codes, scale, offset
+
+
+def pv_operand_output(scores: np.ndarray, codes: np.ndarray, scale: np.ndarray, offset: np.ndarray, v_mode: str,
+                      bits: int, form: str, *, group: int = 128, factor: int | None = None) -> PVOperandResult:
+    """O = softmax(scores) V of one KV head with P~ in the operand `form` (PV_OPERAND_FORMS).
+
+    scores [heads, n] (natural-log units; n a multiple of 16, and of `group` for channel-wise V),
+    codes, scale and offset [n, d] as pv_inputs returns them (token-wise V: one scale per token,
+    group = d). `factor`: the radix factor the accumulator bookkeeping (max_acc) reads every code
+    at, default the top one (U8_TOP_FACTOR)."""
+    if form not in PV_OPERAND_FORMS:
+        raise ValueError(f"form={form!r} is not a PV operand form; expected one of {PV_OPERAND_FORMS}.")
+    heads, n = scores.shape
+    dim = codes.shape[1]
+    if n % TILE or (v_mode == "channel" and n % group):
+        raise ValueError(f"n={n} tokens: expected a multiple of {TILE} (and of {group} for channel-wise V)")
+    if v_mode == "token" and group != dim:
+        raise ValueError("the model folds token-wise V at group == head_dim only")
+    steps = n // TILE
+    # The online softmax: m per step (the running maximum through the step), p against it.
+    m = np.maximum.accumulate(scores.reshape(heads, steps, TILE).max(axis=2), axis=1)  # [h, steps]
+    p = np.exp(scores - np.repeat(m, TILE, axis=1))  # [h, n], <= 1
+    s_tok = scale[:, 0]
+    a = p * s_tok[None, :] if v_mode == "token" else p  # what the operand holds
+    runs = overflows = longest = 0
+    max_acc = 0.0
+    if form == "fp16":
+        w = _fp16(a)
+    elif form == "e4m3":
+        w = e4m3(a)
+    else:
+        peak = a.reshape(heads, steps, TILE).max(axis=2)  # [h, steps]
+        top = U16_MAX if form == "u16-chunk" else U8_MAX
+        if form in ("u8-chunk", "u16-chunk"):
+            e_step = u8_exponent(peak, top)
+            starts = [np.arange(steps)] * heads
+        else:
+            e_step, starts, overflows = _u8_runs(peak, m, v_mode, group)
+        scaled = np.ldexp(1.0, np.repeat(e_step, TILE, axis=1).astype(np.int64))
+        p_int = np.rint(a * scaled)  # P~, integers in [0, 255]
+        assert p_int.max() <= top
+        w = p_int / scaled
+        f = U8_TOP_FACTOR[bits] if factor is None else factor
+        # The int32 accumulators, exact: sum over a run of P~ f c, through each step's sum.
+        step_acc = np.einsum("hst,std->hsd", p_int.reshape(heads, steps, TILE), codes.reshape(steps, TILE, dim))
+        for h in range(heads):
+            acc = np.add.reduceat(step_acc[h], starts[h], axis=0)  # [runs, d]
+            max_acc = max(max_acc, float(f * acc.max()))
+            runs += len(starts[h])
+            longest = max(longest, TILE * int(np.diff(np.append(starts[h], steps)).max()))
+    # Back to the final maximum (exact here, fp32 in the kernels) and through the fold.
+    w = w * np.exp(np.repeat(m - m[:, -1:], TILE, axis=1))
+    if v_mode == "token":  # w ~ p s: o = w . c + w . z / s
+        o = w @ codes + (w @ (offset[:, 0] / s_tok))[:, None]
+    else:  # w ~ p: o_d = sum over groups s_d (w . c) + z_d sum w
+        g = n // group
+        acc = np.einsum("hgt,gtd->hgd", w.reshape(heads, g, group), codes.reshape(g, group, dim))
+        s_g, z_g = scale[::group], offset[::group]  # [g, d]
+        o = np.einsum("gd,hgd->hd", s_g, acc) + w.reshape(heads, g, group).sum(axis=2) @ z_g
+    p_final = np.exp(scores - m[:, -1:])
+    l = p_final.sum(axis=1, keepdims=True)
+    ref = p_final @ (codes * scale + offset) / l
+    weights = w / s_tok[None, :] if v_mode == "token" else w
+    return PVOperandResult(form, o / l, ref, runs=runs, overflows=overflows, longest_run=longest, max_acc=max_acc,
+                           weights=weights)
+
+
+def _u8_runs(peak: np.ndarray, m: np.ndarray, v_mode: str, group: int) -> tuple[np.ndarray, list[np.ndarray], int]:
+    """u8-run's plan per query column: (E per step [h, steps], first step of each run, overflows).
+    peak [h, steps] is each step's largest operand value against the running maximum m."""
+    heads, steps = peak.shape
+    e_step = np.zeros_like(peak)
+    starts, overflows = [], 0
+    for h in range(heads):
+        forced = np.zeros(steps, dtype=bool)
+        forced[0] = True
+        forced[1:] |= m[h, 1:] > m[h, :-1]  # a rescale
+        if v_mode == "channel":
+            forced[:: group // TILE] = True  # a new group's scales
+        nxt = np.flatnonzero(forced)
+        next_forced = np.append(nxt, steps)[np.searchsorted(nxt, np.arange(steps), side="right")]
+        first, i = [], 0
+        while i < steps:
+            e = u8_exponent(peak[h, i])
+            end = next_forced[i]
+            over = np.flatnonzero(np.ldexp(peak[h, i + 1 : end], int(e)) > U8_MAX)
+            j = i + 1 + over[0] if over.size else end
+            overflows += bool(over.size)
+            e_step[h, i:j] = e
+            first.append(i)
+            i = j
+        starts.append(np.array(first))
+    return e_step, starts, overflows
+
+
+def pv_operand_errors(kv_len: int, bits: int, v_mode: str, data: str = "gauss", *, seed: int = 0,
+                      forms: Sequence[str] = PV_OPERAND_FORMS) -> dict[str, PVOperandResult]:
+    """Every form on one case of pv_inputs: {form: PVOperandResult}."""
+    scores, codes, scale, offset = pv_inputs(kv_len, bits, v_mode, data, seed=seed)
+    return {f: pv_operand_output(scores, codes, scale, offset, v_mode, bits, f) for f in forms}

@@ -6,6 +6,12 @@ H200's, for every mode, both widths and every context length of an accuracy_long
 
 The model runs on the same inputs (foscar.synthetic, the run's seed) for the first --heads KV
 heads of sequence 0 (the H200 run covers all 8): a quarter of the work, the same statistics.
+
+    PYTHONPATH=. python3 scripts/precision_table.py --pv-u8 [--lengths 1024 32768 131072]
+
+prints instead the error of PV's probability operand in each form of precision.PV_OPERAND_FORMS
+(fp16, unsigned 8-bit integers with E per step or per run, e4m3) against float64 attention, per
+width, V mode, data (Gaussian, peaked) and context, and the u8-run int32 accumulators' headroom.
 """
 from __future__ import annotations
 
@@ -22,13 +28,65 @@ from foscar.config import QuantConfig  # noqa: E402
 
 
 
+def pv_operand_table(lengths: list[int], seed: int = 0) -> None:
+    """Markdown tables of precision.pv_operand_errors: relative L2 error of O before / after bf16
+    rounding per form, width, V mode, data and context; then u8-run's runs and accumulators."""
+    cells, bookkeeping = {}, {}
+    for kv_len in lengths:
+        t0 = time.time()
+        for data in precision.PV_DATA:
+            for v_mode in ("token", "channel"):
+                for bits in (4, 2):
+                    res = precision.pv_operand_errors(kv_len, bits, v_mode, data, seed=seed)
+                    for form, r in res.items():
+                        cells[(data, v_mode, bits, form, kv_len)] = r
+                    bookkeeping[(data, v_mode, bits, kv_len)] = res["u8-run"]
+        print(f"  ({kv_len // 1024}K: {time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    ctx = " | ".join(f"{n // 1024}K" for n in lengths)
+    print("\nRelative L2 error of O against float64 attention over the same dequantized cache, "
+          "before / after bf16 rounding of O (gate: 4e-3 after):\n")
+    print(f"| data | V | bits | form | {ctx} |")
+    print("| --- | --- | --- | --- |" + " --- |" * len(lengths))
+    for data in precision.PV_DATA:
+        for v_mode in ("token", "channel"):
+            for bits in (4, 2):
+                for form in precision.PV_OPERAND_FORMS:
+                    errs = [cells[(data, v_mode, bits, form, n)] for n in lengths]
+                    print(f"| {data} | {v_mode} | INT{bits} | {form} | "
+                          + " | ".join(f"{r.error:.2e} / {r.error_bf16:.2e}" for r in errs) + " |")
+    print("\nu8-run, all 4 query columns: runs / of them started by an overflow / longest run (tokens) / "
+          "largest int32 accumulator (codes at the top radix factor):\n")
+    print(f"| data | V | bits | {ctx} |")
+    print("| --- | --- | --- |" + " --- |" * len(lengths))
+    for data in precision.PV_DATA:
+        for v_mode in ("token", "channel"):
+            for bits in (4, 2):
+                rs = [bookkeeping[(data, v_mode, bits, n)] for n in lengths]
+                print(f"| {data} | {v_mode} | INT{bits} | " + " | ".join(
+                    f"{r.runs} / {r.overflows} / {r.longest_run} / {r.max_acc:.3g}" for r in rs) + " |")
+    print("\nint32 headroom (every P~ = 255, every code at its largest): "
+          + "; ".join(f"INT{b} {precision.U8_TOP_FACTOR[b] * ((1 << b) - 1)} a byte, "
+                      f"{precision.u8_run_headroom(b)} tokens ({precision.u8_run_headroom(b) // 16} steps)"
+                      for b in (2, 4)) + f"; int32 max {precision.INT32_MAX}.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--h200", type=Path, required=True, help="rows written by scripts/accuracy_long.py --json")
+    ap.add_argument("--h200", type=Path, help="rows written by scripts/accuracy_long.py --json")
+    ap.add_argument("--pv-u8", action="store_true",
+                    help="print the PV operand forms' table (precision.PV_OPERAND_FORMS) instead; no --h200")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 32768, 131072],
+                    help="contexts for --pv-u8 (multiples of 128)")
+    ap.add_argument("--seed", type=int, default=0, help="the data's seed for --pv-u8")
     ap.add_argument("--heads", type=int, default=2, help="KV heads modelled (of the run's 8)")
     ap.add_argument("--json", type=Path, help="write the modelled rows here")
     ap.add_argument("--markdown", action="store_true", help="print the table for docs/PERFORMANCE.md")
     args = ap.parse_args()
+    if args.pv_u8:
+        pv_operand_table(args.lengths, args.seed)
+        return
+    if args.h200 is None:
+        ap.error("--h200 is required (or --pv-u8)")
 
     rows = json.loads(args.h200.read_text())
     ours = [r for r in rows if r["backend"].startswith("foscar")]

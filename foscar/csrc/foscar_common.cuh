@@ -206,6 +206,33 @@ __host__ __device__ __forceinline__ float f16_value(uint16_t u) {
 }
 __host__ __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
+// Eight integers Q = round(x 2^e), |Q| <= 2^14, as the two s8 parts of the int8 B tiles (Q = 256
+// hi + lo, lo the low byte sign-extended), four bytes a word in Q8Slice's order (byte 2c + r of
+// a part is value 4r + c), and their sum. One FFMA each: y = x 2^e + 1.5 2^23 + 128 rounds to
+// nearest even as x 2^e alone would (the added constant is an even integer) and holds Q + 128
+// in its low bits above 0x4B400000, whose two low bytes are 0: byte 1 of y's bits is hi = (Q +
+// 128) >> 8, and byte 0 is lo + 128, so lo is byte 0 with its top bit flipped (one LOP3 a word).
+struct Q15Parts {
+  uint2 lo, hi;  // the words of part 0 (rows n) and part 1 (rows n + 8)
+  int sum;       // sum of the eight Q, exact
+};
+__host__ __device__ __forceinline__ Q15Parts q15_parts(const float (&x)[8], float up) {
+  constexpr float kRound = 12583040.f;     // 1.5 2^23 + 128
+  constexpr uint32_t kBits = 0x4B400080u;  // its bits
+  uint32_t y[8], bits = 0u;  // the sum of the bits kBits + Q, modulo 2^32
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    y[j] = static_cast<uint32_t>(float_bits(fmaf(x[j], up, kRound)));
+    bits += y[j];
+  }
+  Q15Parts r;
+  r.hi = make_uint2(gather_bytes<1>(y[0], y[4], y[1], y[5]), gather_bytes<1>(y[2], y[6], y[3], y[7]));
+  r.lo = make_uint2(gather_bytes<0>(y[0], y[4], y[1], y[5]) ^ 0x80808080u,
+                    gather_bytes<0>(y[2], y[6], y[3], y[7]) ^ 0x80808080u);
+  r.sum = static_cast<int>(bits - 8u * kBits);
+  return r;
+}
+
 // Power-of-two scale factors built from exponent bits (exact): 2^e for -126 <= e <= 127.
 __host__ __device__ __forceinline__ float exp2_int(int e) { return bits_float((e + 127) << 23); }
 // floor(log2(x)) of a positive normal float.

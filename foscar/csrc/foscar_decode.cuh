@@ -668,21 +668,12 @@ struct KFoldToken8 : KTokenConstants<T> {
     }
     amax = reduce_lanes<16, true>(amax);
     const int e = max(min(amax > 0.f ? 13 - ilog2f(amax) : 0, 126), -126);
-    const float up = exp2_int(e);
-    constexpr float kRound = 12582912.f;  // as KFoldChannel::begin_chunk
-    uint32_t lo[8], hi[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      lo[j] = static_cast<uint32_t>(float_bits(fmaf(x[j], up, kRound)));
-      hi[j] = lo[j] + 128u;
-    }
-    const uint2 lw = make_uint2(gather_bytes<0>(lo[0], lo[4], lo[1], lo[5]), gather_bytes<0>(lo[2], lo[6], lo[3], lo[7]));
-    const uint2 hw = make_uint2(gather_bytes<1>(hi[0], hi[4], hi[1], hi[5]), gather_bytes<1>(hi[2], hi[6], hi[3], hi[7]));
+    const Q15Parts parts = q15_parts(x, exp2_int(e));
 #pragma unroll
     for (int hp = 0; hp < T::HP; ++hp) {  // the other head's tiles get zeros in this column
       const bool mine = hp == q8.head<T>(p);
-      *reinterpret_cast<uint2*>(s.q_tile[0][hp][0] + q8.tile_offset(0)) = mine ? lw : make_uint2(0u, 0u);
-      *reinterpret_cast<uint2*>(s.q_tile[0][hp][0] + q8.tile_offset(1)) = mine ? hw : make_uint2(0u, 0u);
+      *reinterpret_cast<uint2*>(s.q_tile[0][hp][0] + q8.tile_offset(0)) = mine ? parts.lo : make_uint2(0u, 0u);
+      *reinterpret_cast<uint2*>(s.q_tile[0][hp][0] + q8.tile_offset(1)) = mine ? parts.hi : make_uint2(0u, 0u);
     }
     if ((L.tid & (T::G / 8 - 1)) == 0) {
       const int gk = qs.d0 / T::G;
@@ -791,31 +782,13 @@ struct KFoldChannel {
       }
       amax = reduce_lanes<16, true>(amax);
       const int e = max(min(amax > 0.f ? 13 - ilog2f(amax) : 0, 126), -126);
-      const float up = exp2_int(e);
-      // Q~ = round(qt 2^e) in one FFMA: y = qt 2^e + 1.5 2^23 holds it in its low bits (|Q~| <=
-      // 2^14), offset by 0x4B400000, whose two low bytes are 0. So the low byte of y's bits is
-      // Q~'s low byte (lo, read as s8), and byte 1 of bits + 128 is the high part hi =
-      // (Q~ + 128) >> 8, with Q~ = 256 hi + (the low byte sign-extended).
-      constexpr float kRound = 12582912.f;
-      uint32_t lo[8], hi[8];
-      uint32_t q_bits = 0u;  // the sum of the bits 0x4B400000 + Q~, modulo 2^32
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float y = fmaf(qt[j], up, kRound);
-        lo[j] = static_cast<uint32_t>(float_bits(y));
-        hi[j] = lo[j] + 128u;
-        q_bits += lo[j];
-      }
-      // Byte 2c + r is channel ch[r] + c: j = 4r + c.
+      const Q15Parts parts = q15_parts(qt, exp2_int(e));  // byte 2c + r is channel ch[r] + c
       uint8_t* tiles = s.q_tile[gq][hp][0];
-      *reinterpret_cast<uint2*>(tiles + q8.tile_offset(0)) =
-          make_uint2(gather_bytes<0>(lo[0], lo[4], lo[1], lo[5]), gather_bytes<0>(lo[2], lo[6], lo[3], lo[7]));
-      *reinterpret_cast<uint2*>(tiles + q8.tile_offset(1)) =
-          make_uint2(gather_bytes<1>(hi[0], hi[4], hi[1], hi[5]), gather_bytes<1>(hi[2], hi[6], hi[3], hi[7]));
+      *reinterpret_cast<uint2*>(tiles + q8.tile_offset(0)) = parts.lo;
+      *reinterpret_cast<uint2*>(tiles + q8.tile_offset(1)) = parts.hi;
       // The bias, centred: f qz - m f 2^-e sum Q~ (f = 1 or 4: exact).
-      const int q_sum = static_cast<int>(q_bits - 8u * 0x4B400000u);
       const float bias =
-          reduce_lanes<16, false>(fmaf(-kMidCode * f * exp2_int(-e), static_cast<float>(q_sum), qz * f));
+          reduce_lanes<16, false>(fmaf(-kMidCode * f * exp2_int(-e), static_cast<float>(parts.sum), qz * f));
       if ((L.tid & 15) == 0) s.kconst[gq][q8.n][0] = bias, s.kconst[gq][q8.n][1] = exp2_int(-e);
     }
     fence_proxy_async_smem();

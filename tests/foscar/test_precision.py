@@ -11,10 +11,17 @@ test_the_fp32_fold_over_an_item_grows_as_on_the_h200: token-wise V's fold into t
 over a work item, modelled, matches the H200 at items of 32K, 64K and 128K tokens (the last over
 the gate) for the biased operands of v7-v22; test_the_planners_longest_split_holds_the_gate: the
 current kernels' longest split does not.
+
+The PV operand forms (precision.PV_OPERAND_FORMS: P~ in fp16, as unsigned 8-bit integers scaled
+by 2^E per 16-token step or per run, or in e4m3), on 4K tokens of the sweep's data: fp16 errs by
+its own rounding only; u8-chunk holds about 8 bits a step and misses the gate on Gaussian data;
+u8-run loses more; on peaked data u8-run stays within 4e-3 where e4m3 does not; and the int32
+headroom arithmetic.
 """
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
 
@@ -196,3 +203,147 @@ def test_the_centred_k_bias_is_the_best_of_both_forms(bits):
 def test_an_unknown_k_bias_form_is_one_clear_error():
     with pytest.raises(ValueError, match="not a bias form"):
         precision.channel_k_scores(np.ones((1, 4)), np.ones((2, 4)), np.ones(4), np.zeros(4), 4, "biased")
+
+
+# ------------------------------------------------------------------- P~ as unsigned 8-bit integers
+PV_LEN = 4096
+PV_CASES = [(bits, v_mode) for bits in (4, 2) for v_mode in ("token", "channel")]
+PV_IDS = [f"int{b}-v{m[0]}" for b, m in PV_CASES]
+
+
+@lru_cache(maxsize=None)
+def _pv(bits: int, v_mode: str, data: str) -> dict:
+    x = precision.pv_inputs(PV_LEN, bits, v_mode, data)
+    return {f: precision.pv_operand_output(*x, v_mode, bits, f) for f in precision.PV_OPERAND_FORMS}
+
+
+@pytest.mark.parametrize("case", PV_CASES, ids=PV_IDS)
+def test_the_fp16_operand_errs_by_its_own_rounding(case):
+    # fp16 rounds p s to 11 significant bits: a relative error of RMS about 2^-11 / sqrt(6), 2e-4 of
+    # O on random data (measured 1.7-2.2e-4 at 1K-128K), well under the output's bf16 rounding.
+    res = _pv(*case, "gauss")["fp16"]
+    bf16_alone = np.linalg.norm(precision._bf16(res.ref) - res.ref) / np.linalg.norm(res.ref)
+    assert res.error < 3e-4 and res.error_bf16 < 1.1 * bf16_alone, f"{res.error:.2e} / {res.error_bf16:.2e}"
+
+
+@pytest.mark.parametrize("case", PV_CASES, ids=PV_IDS)
+def test_u8_per_step_misses_the_gate_on_gaussian_data(case):
+    # E per 16-token step puts each step's largest p s in [128, 255]: the others keep a few bits.
+    res = _pv(*case, "gauss")
+    chunk = res["u8-chunk"]
+    assert 10 * res["fp16"].error < chunk.error < 8e-3, f"u8-chunk {chunk.error:.2e}, fp16 {res['fp16'].error:.2e}"
+    assert chunk.error_bf16 > TOLERANCE, f"u8-chunk after bf16 {chunk.error_bf16:.2e}"
+
+
+@pytest.mark.parametrize("case", PV_CASES, ids=PV_IDS)
+def test_16_bits_per_step_hold_below_the_fp16_operand(case):
+    # P~ in two u8 parts (two int8 MMAs a k-step), E per step: 16 bits for the step's largest
+    # p s against fp16's 11 significant bits for every value, so its error sits below fp16's (the
+    # smaller values of a step keep fewer bits, but more than u8's 8).
+    res = _pv(*case, "gauss")
+    u16, fp16 = res["u16-chunk"], res["fp16"]
+    assert u16.error < 0.5 * fp16.error, f"u16-chunk {u16.error:.2e}, fp16 {fp16.error:.2e}"
+    assert u16.error < res["u8-chunk"].error / 100
+
+
+@pytest.mark.parametrize("case", PV_CASES, ids=PV_IDS)
+def test_u8_per_run_loses_more_than_per_step_on_gaussian_data(case):
+    # A run's E comes from its first step; token-wise, a run lasts from one new maximum to the next,
+    # so its later tokens sit at a few units of P~ (and the error grows with the context: 1.1-1.4e-2
+    # at 1K, 4.8e-2 at 128K); channel-wise, runs end every 128 tokens. Bound at 4K: 3e-2.
+    res = _pv(*case, "gauss")
+    run, chunk = res["u8-run"], res["u8-chunk"]
+    assert 1.3 * chunk.error < run.error < 3e-2, f"u8-run {run.error:.2e}, u8-chunk {chunk.error:.2e}"
+
+
+@pytest.mark.parametrize("case", PV_CASES, ids=PV_IDS)
+def test_u8_per_run_holds_peaked_attention_where_e4m3_does_not(case):
+    # The few tokens holding the mass start their runs (a new maximum), so their P~ is in
+    # [128, 255]: relative error at most 2^-9 / 2^-7 = 2^-8 = 3.9e-3 each. e4m3 keeps 3 bits.
+    res = _pv(*case, "peaked")
+    run, e4 = res["u8-run"], res["e4m3"]
+    assert run.error < 4e-3 and run.error_bf16 < TOLERANCE, f"u8-run {run.error:.2e} / {run.error_bf16:.2e}"
+    assert e4.error > 4 * run.error, f"e4m3 {e4.error:.2e}, u8-run {run.error:.2e}"
+
+
+def test_every_form_is_exact_where_p_is_representable():
+    # Scores flat within a step and rising step by step: every step rescales, every p is 1 (u8:
+    # P~ = 128 at E = 7), so the folds (offsets, group scales, softmax factors) alone are left.
+    rng = np.random.default_rng(5)
+    n, dim = 512, 128
+    scores = np.repeat(np.sort(rng.uniform(0, 3, (2, n // 16)), axis=1), 16, axis=1)
+    codes = rng.integers(0, 4, (n, dim)).astype(float)
+    for v_mode in ("token", "channel"):
+        if v_mode == "token":
+            scale = np.repeat(rng.uniform(0.5, 1.5, (n, 1)), dim, axis=1).astype(np.float16).astype(float)
+            offset = np.repeat(rng.normal(0, 1, (n, 1)), dim, axis=1)
+        else:
+            scale = np.repeat(rng.uniform(0.5, 1.5, (n // 128, dim)), 128, axis=0)
+            offset = np.repeat(rng.normal(0, 1, (n // 128, dim)), 128, axis=0)
+        exact = ("fp16",) if v_mode == "token" else precision.PV_OPERAND_FORMS  # p s is fp16, not u8 / e4m3
+        for form in exact:
+            res = precision.pv_operand_output(scores, codes, scale, offset, v_mode, 2, form)
+            assert res.error < 1e-13, f"{v_mode} {form}: {res.error:.2e}"
+        assert precision.pv_operand_output(scores, codes, scale, offset, v_mode, 2, "u8-run").runs == 2 * n // 16
+
+
+def test_u8_run_starts_a_run_where_a_step_would_pass_255():
+    # Channel-wise V, two groups, one query column. Group 0: token 0 holds the maximum (E = 7,
+    # P~ = 128), the rest e^-10 below (P~ 0). Group 1 starts a run at e^-15 (E = 29), and its
+    # second step, with one token at e^-10, would pass 255: an overflow, a third run (E = 22).
+    n, dim = 256, 128
+    scores = np.zeros((1, n))
+    scores[0, 0], scores[0, 128:] = 10.0, -5.0
+    scores[0, 144] = 0.0
+    codes = np.full((n, dim), 3.0)
+    scale, offset = np.ones((n, dim)), np.zeros((n, dim))
+    res = precision.pv_operand_output(scores, codes, scale, offset, "channel", 2, "u8-run")
+    assert (res.runs, res.overflows, res.longest_run) == (3, 1, 128)
+    p_int = np.rint(math.exp(-15) * 2.0**29)  # the run of step 8: E from its own peak
+    assert precision.u8_exponent(np.array(math.exp(-15))) == 29 and p_int <= 255
+    assert res.max_acc == 64 * 3 * 16 * p_int  # INT2 codes 3 at the top factor, 64
+    chunk = precision.pv_operand_output(scores, codes, scale, offset, "channel", 2, "u8-chunk")
+    assert (chunk.runs, chunk.overflows, chunk.longest_run) == (16, 0, 16)
+
+
+def test_the_u8_exponent_is_the_largest_that_fits():
+    rng = np.random.default_rng(1)
+    peaks = np.concatenate([rng.uniform(0, 1, 1000) * 10.0 ** rng.integers(-8, 3, 1000),
+                            [255.0, 127.5, 255 / 2**20, 1.0, 2.0**-30, 300.0, 254.99999]])
+    e = precision.u8_exponent(peaks)
+    assert (e == np.rint(e)).all()
+    assert (np.ldexp(peaks, e.astype(int)) <= 255).all() and (np.ldexp(peaks, e.astype(int) + 1) > 255).all()
+    assert precision.u8_exponent(np.array([0.0])) == 0
+
+
+def test_e4m3_rounds_as_torchs_float8():
+    import torch
+    rng = np.random.default_rng(2)
+    x = rng.uniform(0, 448, 20000) * 2.0 ** rng.integers(-14, 1, 20000)
+    x = np.concatenate([x, -x, [0.0, 448.0, 2.0**-9, 2.0**-10, 3 * 2.0**-11, 1.0625, 1.1875]])
+    want = torch.from_numpy(x).to(torch.float8_e4m3fn).double().numpy()
+    assert np.array_equal(precision.e4m3(x), want)
+    with pytest.raises(ValueError, match="448"):
+        precision.e4m3(np.array([500.0]))
+
+
+def test_the_int32_headroom_of_a_u8_run():
+    # Codes read in place: INT2 at factors up to 64 (64 * 3 = 192 in its byte), INT4 up to 16 (240).
+    for bits, byte, tokens in ((2, 192, 43862), (4, 240, 35089)):
+        assert precision.u8_run_headroom(bits) == tokens
+        assert 255 * byte * tokens <= 2**31 - 1 < 255 * byte * (tokens + 1)
+    assert precision.u8_run_headroom(2, factor=1) == (2**31 - 1) // (255 * 3)
+    # On the data: every accumulator within its own worst case, and within int32.
+    for bits, v_mode in PV_CASES:
+        byte = precision.U8_TOP_FACTOR[bits] * ((1 << bits) - 1)
+        for data in precision.PV_DATA:
+            for form in ("u8-chunk", "u8-run"):
+                res = _pv(bits, v_mode, data)[form]
+                assert 0 < res.max_acc <= 255 * byte * res.longest_run and res.max_acc < 2**31
+            assert _pv(bits, v_mode, data)["u8-chunk"].longest_run == 16
+
+
+def test_an_unknown_pv_operand_form_is_one_clear_error():
+    x = np.zeros((1, 16)), np.zeros((16, 128)), np.ones((16, 128)), np.zeros((16, 128))
+    with pytest.raises(ValueError, match="not a PV operand form"):
+        precision.pv_operand_output(*x, "token", 4, "int8")

@@ -3,7 +3,9 @@
 // (inject_k), and of a V word as the fp16 subnormal f_k * code * 2^-24 (inject_v), where the
 // code sits at bit 16 * half + bits * k (docs/FORMAT.md). It
 // also prints each position's (shift, mask, factor), which tests/foscar/test_injection.py
-// compares with foscar/packing.py's schedules.
+// compares with foscar/packing.py's schedules, and checks q15_parts, the split of Q~ and Q' into
+// the two s8 parts of the int8 B tiles.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_fp16.h>
@@ -64,6 +66,24 @@ void print_int8_k() {
     }
 }
 
+// q15_parts on eight values x (with up = 2^e): each part's byte 2c + r is value 4r + c, and 256
+// hi + lo (both read as s8) must be round-to-nearest-even of x up, the sum their sum.
+int check_q15(const float (&x)[8], float up) {
+  const Q15Parts r = q15_parts(x, up);
+  const uint32_t lo_w[2] = {r.lo.x, r.lo.y}, hi_w[2] = {r.hi.x, r.hi.y};
+  int bad = 0, sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    const int q = static_cast<int>(std::nearbyint(static_cast<double>(x[j]) * up));
+    const int rr = j / 4, c = j % 4, byte = 2 * c + rr;
+    const int lo = static_cast<int8_t>((lo_w[byte / 4] >> (8 * (byte % 4))) & 0xFFu);
+    const int hi = static_cast<int8_t>((hi_w[byte / 4] >> (8 * (byte % 4))) & 0xFFu);
+    sum += q;
+    if (256 * hi + lo != q && bad++ < 3) std::printf("q15 x=%.9g up=%g: hi %d lo %d, want %d\n", x[j], up, hi, lo, q);
+  }
+  if (r.sum != sum && bad++ < 3) std::printf("q15 sum %d, want %d\n", r.sum, sum);
+  return bad;
+}
+
 int main() {
   std::srand(12345);
   int bad = 0;
@@ -87,6 +107,18 @@ int main() {
       std::printf("V position %d is read above bit 10\n", k);
       ++bad;
     }
+  // Q~ and Q' span [-2^14, 2^14]: random values at random exponents, the ends, and halves (ties).
+  for (int i = 0; i < 20000; ++i) {
+    const float up = std::ldexp(1.f, std::rand() % 40 - 20);
+    float x[8];
+    for (int j = 0; j < 8; ++j) {
+      const float u = 2.f * static_cast<float>(std::rand()) / static_cast<float>(RAND_MAX) - 1.f;
+      x[j] = (i % 3 == 0 ? std::nearbyint(u * 32767.f) * 0.5f : u * 16384.f) / up;
+    }
+    bad += check_q15(x, up);
+  }
+  const float ends[8] = {16384.f, -16384.f, 16383.5f, -16383.5f, 0.5f, -0.5f, 127.5f, -128.5f};
+  bad += check_q15(ends, 1.f);
   print_int8_k<4>();
   print_int8_k<2>();
   print_schedule<4, false>();
