@@ -45,10 +45,29 @@ template <int BITS>
 __host__ __device__ constexpr float k_radix(int k) {
   return static_cast<float>(1 << k_lsb<BITS>(k));
 }
+// w >> K for the operand extraction, on the FMA pipe (v29): the high word of w 2^(32 - K)
+// (IMAD.HI.U32) instead of an SHF on the ALU pipe, which the LOP3s of every operand keep busy;
+// the multiplier passes an empty asm, so that the compiler does not turn the product back into a
+// shift (ptxas still takes it as an immediate: no register). FOSCAR_SHIFT_FMA=0 (lab) keeps SHF.
+#ifndef FOSCAR_SHIFT_FMA
+#define FOSCAR_SHIFT_FMA 1
+#endif
+template <int K>
+__host__ __device__ __forceinline__ uint32_t shift_right(uint32_t w) {
+  static_assert(K > 0 && K < 32, "a right shift by 1 to 31");
+#if defined(__CUDA_ARCH__) && FOSCAR_SHIFT_FMA
+  uint32_t m = 1u << (32 - K);
+  asm("" : "+r"(m));
+  return __umulhi(w, m);
+#else
+  return w >> K;
+#endif
+}
 template <int BITS, int K>
 __host__ __device__ __forceinline__ uint32_t inject_k(uint32_t w) {
   constexpr uint32_t mask = (((1u << BITS) - 1u) << k_lsb<BITS>(K)) * kPair;
-  return and_or<mask>(w >> k_shift<BITS>(K), kF16Bias2);
+  constexpr int sh = k_shift<BITS>(K);
+  return and_or<mask>(sh > 0 ? shift_right<(sh > 0 ? sh : 1)>(w) : w, kF16Bias2);
 }
 
 // V, fp16 subnormals f c 2^-24 (the bits (w >> shift) & mask alone, no bias; the B operand P~
@@ -61,7 +80,7 @@ __host__ __device__ __forceinline__ uint32_t inject_k(uint32_t w) {
 //   K (1 shift and 4 LOP3 per 8 codes).
 //   INT2: position 0 from w << 2, 1-4 in place, 5-7 from w >> 6 (f = 4, 4, 16, 64, 256, 16, 64,
 //   256), so that the two positions of each channel block share a factor: blocks 0-3 (positions
-//   (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 4, 256, 16 (2 shifts, one of them an IMAD, and 8
+//   (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 4, 256, 16 (2 shifts, both on the FMA pipe, and 8
 //   LOP3 per 16 codes). Read at f = 1 instead (1 from w >> 2), INT2's error grew with the context
 //   on the H200 (1.67e-3 at 4K to 1.83e-3 at 256K), where at f >= 4 it holds (PERFORMANCE.md, v23).
 constexpr float kVUnit = 0x1p-24f;  // an fp16 pattern's worth below 2^-13 (exponent field 0 or 1)
@@ -81,7 +100,7 @@ template <int BITS, int K>
 __host__ __device__ __forceinline__ uint32_t inject_v(uint32_t w) {
   constexpr int sh = v_shift<BITS>(K);
   constexpr uint32_t mask = (((1u << BITS) - 1u) << v_lsb<BITS>(K)) * kPair;
-  return (sh < 0 ? w << (sh < 0 ? -sh : 0) : w >> (sh > 0 ? sh : 0)) & mask;
+  return (sh < 0 ? w << (sh < 0 ? -sh : 0) : sh > 0 ? shift_right<(sh > 0 ? sh : 1)>(w) : w) & mask;
 }
 // K as int8 operands (KFoldChannel, KFoldToken8): the codes masked in place,
 // one per byte, four to a register, read by wgmma's u8 x s8 products into int32 (exact). Byte b
@@ -97,8 +116,8 @@ __host__ __device__ constexpr int k8_regs_per_word() {
 }
 template <int BITS>
 __host__ __device__ __forceinline__ uint32_t extract_k8(uint32_t w, int i) {
-  if (BITS == 4) return (i == 0 ? w : w >> 4) & 0x0F0F0F0Fu;
-  return (i < 2 ? w : w >> 4) & (0x03030303u << (2 * (i & 1)));
+  if (BITS == 4) return (i == 0 ? w : shift_right<4>(w)) & 0x0F0F0F0Fu;
+  return (i < 2 ? w : shift_right<4>(w)) & (0x03030303u << (2 * (i & 1)));
 }
 template <int BITS>
 __host__ __device__ constexpr int k8_radix(int i) {
