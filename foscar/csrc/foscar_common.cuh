@@ -45,12 +45,13 @@ template <int BITS>
 __host__ __device__ constexpr float k_radix(int k) {
   return static_cast<float>(1 << k_lsb<BITS>(k));
 }
-// w >> K for the operand extraction, on the FMA pipe (v29): the high word of w 2^(32 - K)
-// (IMAD.HI.U32) instead of an SHF on the ALU pipe, which the LOP3s of every operand keep busy;
-// the multiplier passes an empty asm, so that the compiler does not turn the product back into a
-// shift (ptxas still takes it as an immediate: no register). FOSCAR_SHIFT_FMA=0 (lab) keeps SHF.
+// w >> K for the operand extraction: an SHF on the ALU pipe. FOSCAR_SHIFT_FMA=1 (lab; v29) puts it
+// on the FMA pipe instead, as the high word of w 2^(32 - K) (IMAD.HI.U32; the multiplier passes an
+// empty asm, so that the compiler does not turn the product back into a shift, and ptxas still
+// takes it as an immediate): ALU per KV element 0.750 -> 0.625 (INT4) and 0.699 -> 0.637 (INT2),
+// but 1-2 % slower at batch 128 and up to 3 % at batch 1 (docs/PERFORMANCE.md, eleventh session).
 #ifndef FOSCAR_SHIFT_FMA
-#define FOSCAR_SHIFT_FMA 1
+#define FOSCAR_SHIFT_FMA 0
 #endif
 template <int K>
 __host__ __device__ __forceinline__ uint32_t shift_right(uint32_t w) {
@@ -80,7 +81,7 @@ __host__ __device__ __forceinline__ uint32_t inject_k(uint32_t w) {
 //   K (1 shift and 4 LOP3 per 8 codes).
 //   INT2: position 0 from w << 2, 1-4 in place, 5-7 from w >> 6 (f = 4, 4, 16, 64, 256, 16, 64,
 //   256), so that the two positions of each channel block share a factor: blocks 0-3 (positions
-//   (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 4, 256, 16 (2 shifts, both on the FMA pipe, and 8
+//   (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 4, 256, 16 (2 shifts, one of them an IMAD, and 8
 //   LOP3 per 16 codes). Read at f = 1 instead (1 from w >> 2), INT2's error grew with the context
 //   on the H200 (1.67e-3 at 4K to 1.83e-3 at 256K), where at f >= 4 it holds (PERFORMANCE.md, v23).
 constexpr float kVUnit = 0x1p-24f;  // an fp16 pattern's worth below 2^-13 (exponent field 0 or 1)
