@@ -65,6 +65,21 @@ def throttle_note(r: Any) -> str:
     return text
 
 
+# A clock under load this far below the run's median is worth a note even where NVML gave no
+# slowdown reason (reports/noise.py calls changes ambiguous at the same 3 %).
+CLOCK_DIP = 0.03
+
+
+def clock_dip_note(r: Any) -> str | None:
+    """'SM clock 1830-1980 MHz under load, no slowdown reason reported' for an unthrottled record
+    whose lowest SM clock in its timed batches lies more than CLOCK_DIP below their median (a
+    time that may hold slower batches than its flag says); None otherwise."""
+    lo, med = getattr(r, "sm_clock_mhz_min", None), getattr(r, "sm_clock_mhz_median", None)
+    if getattr(r, "throttled", 0) or not (_known(lo) and _known(med)) or lo >= (1 - CLOCK_DIP) * med:
+        return None
+    return f"SM clock {lo:.0f}-{med:.0f} MHz under load, no slowdown reason reported"
+
+
 def summary_table(df: pd.DataFrame, title: str | None = None):
     """A rich renderable: a table (backend, case, status, median us, TB/s, % of the
     bus-derived peak, relative error) that fits 80 columns, then one line per record that
@@ -93,6 +108,9 @@ def summary_table(df: pd.DataFrame, title: str | None = None):
         if r.status == "passed" and getattr(r, "throttled", 0):
             status += "*"
             notes.append(f"* {r.backend} {case}: ran throttled ({throttle_note(r)})")
+        elif r.status == "passed" and (dip := clock_dip_note(r)):
+            status += "~"
+            notes.append(f"~ {r.backend} {case}: {dip} (lowest / median of its timed batches)")
         elif r.status != "passed":
             reason = str(r.reason or "").replace("\n", " ")
             notes.append(f"{r.backend} {case}: {r.status}: {reason[:200]}")

@@ -126,3 +126,27 @@ def test_the_sweeps_note_says_how_much_of_a_run_was_throttled():
     assert throttle_note(r) == "SwPowerCap in 40% of the timed batches, SM clock 1755-1980 MHz"
     old = SimpleNamespace(throttle_reasons="SwPowerCap")  # a record made before the batches were read
     assert throttle_note(old) == "SwPowerCap"
+
+
+def test_a_clock_dip_with_no_reason_is_noted_apart_from_a_slowdown():
+    """A paper-stage record of the eleventh session: every batch unflagged, one at 1830 MHz where
+    the median was 1980. The sweep's table marks it '~' with the range; within 3 % it says
+    nothing, and a throttled record keeps its own note."""
+    import pandas as pd
+    from rich.console import Console
+    from types import SimpleNamespace
+
+    from suite.summary import clock_dip_note, summary_table
+
+    dip = dict(throttled=0, sm_clock_mhz_min=1830.0, sm_clock_mhz_median=1980.0)
+    assert clock_dip_note(SimpleNamespace(**dip)) == "SM clock 1830-1980 MHz under load, no slowdown reason reported"
+    assert clock_dip_note(SimpleNamespace(throttled=0, sm_clock_mhz_min=1965.0, sm_clock_mhz_median=1980.0)) is None
+    assert clock_dip_note(SimpleNamespace(**{**dip, "throttled": 1})) is None
+    assert clock_dip_note(SimpleNamespace(throttled=0)) is None  # a record made before the clocks were read
+    row = dict(id=1, run_id="r", case_key="c", backend="foscar-int4", batch=128, kv_len=32768, num_q_heads=32, num_kv_heads=8, head_dim=128,
+               bits=4, k_mode="channel", v_mode="token", group_size=128, status="passed", reason=None,
+               median_us=1061.1, eff_bandwidth_tbps=4.30, frac_peak_bus=0.894, rel_error=1.7e-3, started_at="t", **dip)
+    console = Console(width=160, record=True)
+    console.print(summary_table(pd.DataFrame([row])))
+    text = console.export_text()
+    assert "passed~" in text and "~ foscar-int4" in text and "1830-1980 MHz under load" in text
