@@ -16,6 +16,7 @@ width, V mode, data (Gaussian, peaked) and context, and the u8-run int32 accumul
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -31,39 +32,30 @@ from foscar.config import QuantConfig  # noqa: E402
 def pv_operand_table(lengths: list[int], seed: int = 0) -> None:
     """Markdown tables of precision.pv_operand_errors: relative L2 error of O before / after bf16
     rounding per form, width, V mode, data and context; then u8-run's runs and accumulators."""
-    cells, bookkeeping = {}, {}
+    cases = [(data, v_mode, bits) for data in precision.PV_DATA for v_mode in ("token", "channel") for bits in (4, 2)]
+    res = {}  # (data, v_mode, bits, kv_len) -> {form: PVOperandResult}
     for kv_len in lengths:
         t0 = time.time()
-        for data in precision.PV_DATA:
-            for v_mode in ("token", "channel"):
-                for bits in (4, 2):
-                    res = precision.pv_operand_errors(kv_len, bits, v_mode, data, seed=seed)
-                    for form, r in res.items():
-                        cells[(data, v_mode, bits, form, kv_len)] = r
-                    bookkeeping[(data, v_mode, bits, kv_len)] = res["u8-run"]
+        for data, v_mode, bits in cases:
+            res[(data, v_mode, bits, kv_len)] = precision.pv_operand_errors(kv_len, bits, v_mode, data, seed=seed)
         print(f"  ({kv_len // 1024}K: {time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     ctx = " | ".join(f"{n // 1024}K" for n in lengths)
     print("\nRelative L2 error of O against float64 attention over the same dequantized cache, "
           "before / after bf16 rounding of O (gate: 4e-3 after):\n")
     print(f"| data | V | bits | form | {ctx} |")
     print("| --- | --- | --- | --- |" + " --- |" * len(lengths))
-    for data in precision.PV_DATA:
-        for v_mode in ("token", "channel"):
-            for bits in (4, 2):
-                for form in precision.PV_OPERAND_FORMS:
-                    errs = [cells[(data, v_mode, bits, form, n)] for n in lengths]
-                    print(f"| {data} | {v_mode} | INT{bits} | {form} | "
-                          + " | ".join(f"{r.error:.2e} / {r.error_bf16:.2e}" for r in errs) + " |")
+    for (data, v_mode, bits), form in itertools.product(cases, precision.PV_OPERAND_FORMS):
+        errs = [res[(data, v_mode, bits, n)][form] for n in lengths]
+        print(f"| {data} | {v_mode} | INT{bits} | {form} | "
+              + " | ".join(f"{r.error:.2e} / {r.error_bf16:.2e}" for r in errs) + " |")
     print("\nu8-run, all 4 query columns: runs / of them started by an overflow / longest run (tokens) / "
           "largest int32 accumulator (codes at the top radix factor):\n")
     print(f"| data | V | bits | {ctx} |")
     print("| --- | --- | --- |" + " --- |" * len(lengths))
-    for data in precision.PV_DATA:
-        for v_mode in ("token", "channel"):
-            for bits in (4, 2):
-                rs = [bookkeeping[(data, v_mode, bits, n)] for n in lengths]
-                print(f"| {data} | {v_mode} | INT{bits} | " + " | ".join(
-                    f"{r.runs} / {r.overflows} / {r.longest_run} / {r.max_acc:.3g}" for r in rs) + " |")
+    for data, v_mode, bits in cases:
+        rs = [res[(data, v_mode, bits, n)]["u8-run"] for n in lengths]
+        print(f"| {data} | {v_mode} | INT{bits} | " + " | ".join(
+            f"{r.runs} / {r.overflows} / {r.longest_run} / {r.max_acc:.3g}" for r in rs) + " |")
     print("\nint32 headroom (every P~ = 255, every code at its largest): "
           + "; ".join(f"INT{b} {precision.U8_TOP_FACTOR[b] * ((1 << b) - 1)} a byte, "
                       f"{precision.u8_run_headroom(b)} tokens ({precision.u8_run_headroom(b) // 16} steps)"

@@ -6,25 +6,20 @@
 //   cuobjdump -sass /tmp/probe_mma_kinds.cubin | grep -E 'Function|MMA|F2FP'
 #include <cstdint>
 
-__global__ void u8_products(const uint32_t* a, int* c) {
-  int d0 = 0, d1 = 0, d2 = 0, d3 = 0;
+// One kernel, both kinds: the SASS of each asm statement lies between the loads and the stores.
+__global__ void products(const uint32_t* a, int* ci, float* cf) {
   const uint32_t x = a[threadIdx.x], y = a[threadIdx.x + 32];
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+r"(d0), "+r"(d1), "+r"(d2), "+r"(d3)
+  int d[4] = {0, 0, 0, 0};
+  float f[4] = {0.f, 0.f, 0.f, 0.f};
+  asm volatile(  // u8 x u8 -> s32, k = 32 then k = 16
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n\t"
+      "mma.sync.aligned.m16n8k16.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5}, {%8}, {%0,%1,%2,%3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(x), "r"(y), "r"(x), "r"(y), "r"(x), "r"(y));
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-               : "+r"(d0), "+r"(d1), "+r"(d2), "+r"(d3)
-               : "r"(x), "r"(y), "r"(x));
-  c[threadIdx.x] = d0 + d1 + d2 + d3;
-}
-
-__global__ void e4m3_products(const uint32_t* a, float* c) {
-  float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
-  const uint32_t x = a[threadIdx.x], y = a[threadIdx.x + 32];
-  asm volatile(
+  asm volatile(  // e4m3 x e4m3 -> f32, k = 32
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+      : "+f"(f[0]), "+f"(f[1]), "+f"(f[2]), "+f"(f[3])
       : "r"(x), "r"(y), "r"(x), "r"(y), "r"(x), "r"(y));
-  c[threadIdx.x] = d0 + d1 + d2 + d3;
+  ci[threadIdx.x] = d[0] + d[1] + d[2] + d[3];
+  cf[threadIdx.x] = f[0] + f[1] + f[2] + f[3];
 }
