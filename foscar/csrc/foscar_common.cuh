@@ -68,7 +68,8 @@ template <int BITS, int K>
 __host__ __device__ __forceinline__ uint32_t inject_k(uint32_t w) {
   constexpr uint32_t mask = (((1u << BITS) - 1u) << k_lsb<BITS>(K)) * kPair;
   constexpr int sh = k_shift<BITS>(K);
-  return and_or<mask>(sh > 0 ? shift_right<(sh > 0 ? sh : 1)>(w) : w, kF16Bias2);
+  if constexpr (sh > 0) w = shift_right<sh>(w);
+  return and_or<mask>(w, kF16Bias2);
 }
 
 // V, fp16 subnormals f c 2^-24 (the bits (w >> shift) & mask alone, no bias; the B operand P~
@@ -101,7 +102,9 @@ template <int BITS, int K>
 __host__ __device__ __forceinline__ uint32_t inject_v(uint32_t w) {
   constexpr int sh = v_shift<BITS>(K);
   constexpr uint32_t mask = (((1u << BITS) - 1u) << v_lsb<BITS>(K)) * kPair;
-  return (sh < 0 ? w << (sh < 0 ? -sh : 0) : sh > 0 ? shift_right<(sh > 0 ? sh : 1)>(w) : w) & mask;
+  if constexpr (sh < 0) w <<= -sh;
+  if constexpr (sh > 0) w = shift_right<sh>(w);
+  return w & mask;
 }
 // K as int8 operands (KFoldChannel, KFoldToken8): the codes masked in place,
 // one per byte, four to a register, read by wgmma's u8 x s8 products into int32 (exact). Byte b
