@@ -80,23 +80,23 @@ __device__ __forceinline__ void for_each_v_tile(const uint8_t* const (&blocks)[H
   }
 }
 
-// The B fragments of P^T (tokens x heads) from probabilities in the S accumulator layout
-// (tokens g, g + 8 x heads 2t, 2t + 1, bf16 bits): each 8 x 8 block transposed.
-__device__ __forceinline__ void p_fragments(const uint16_t (&pb)[4], uint32_t (&b)[2]) {
-  b[0] = movmatrix_trans(pb[0] | (static_cast<uint32_t>(pb[1]) << 16));
-  b[1] = movmatrix_trans(pb[2] | (static_cast<uint32_t>(pb[3]) << 16));
+// The B fragments of P^T (tokens x heads) from probabilities in the S accumulator layout,
+// packed two a register as the conversion makes them (one F2FP a pair): pk[r] holds token
+// g + 8 r of heads 2t (low half) and 2t + 1 (high half). Each 8 x 8 block transposed.
+__device__ __forceinline__ void p_fragments(const uint32_t (&pk)[2], uint32_t (&b)[2]) {
+  b[0] = movmatrix_trans(pk[0]);
+  b[1] = movmatrix_trans(pk[1]);
 }
 // The B fragments of each KV head of the item: head hp's P^T keeps the columns of that head
 // (the threads whose lane.hp is hp) and is zero in the others, so that the products of the
 // heads' V blocks can share one accumulator (each column gets its own head's product and exact
 // zeros).
 template <int HP>
-__device__ __forceinline__ void p_fragments_per_head(const Lane& L, const uint16_t (&pb)[4], uint32_t (&b)[HP][2]) {
+__device__ __forceinline__ void p_fragments_per_head(const Lane& L, const uint32_t (&pk)[2], uint32_t (&b)[HP][2]) {
 #pragma unroll
   for (int hp = 0; hp < HP; ++hp) {
     const bool mine = HP == 1 || L.hp == hp;
-    const uint16_t m[4] = {mine ? pb[0] : uint16_t(0), mine ? pb[1] : uint16_t(0), mine ? pb[2] : uint16_t(0),
-                           mine ? pb[3] : uint16_t(0)};
+    const uint32_t m[2] = {mine ? pk[0] : 0u, mine ? pk[1] : 0u};
     p_fragments(m, b[hp]);
   }
 }
@@ -194,14 +194,15 @@ struct VFoldToken : WarpOut {
         sc[r] = sz.x;  // never 0 (docs/FORMAT.md)
         zs[r] = sz.y / sc[r];
       }
-      uint16_t ph[4];
+      uint32_t pk[2];  // token g + 8 r, heads 2t and 2t + 1
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        ph[e] = f16_bits(pr[e] * sc[e >> 1]);
-        const float pt = f16_value(ph[e]);
-        off[gv][e & 1] = fmaf(pt, zs[e >> 1], off[gv][e & 1]);
+      for (int r = 0; r < 2; ++r) {
+        pk[r] = pack_f16x2(pr[2 * r] * sc[r], pr[2 * r + 1] * sc[r]);
+        const float2 pt = unpack_f16x2(pk[r]);
+        off[gv][0] = fmaf(pt.x, zs[r], off[gv][0]);
+        off[gv][1] = fmaf(pt.y, zs[r], off[gv][1]);
       }
-      p_fragments_per_head<T::HP>(L, ph, b[gv]);
+      p_fragments_per_head<T::HP>(L, pk, b[gv]);
     }
   }
   // The products of slices SL0 .. SL1 - 1 (channels 32 SL0 ..), folded.
@@ -256,13 +257,14 @@ struct VFoldChannel : WarpOut {
   }
   __device__ __forceinline__ void begin(SharedStorage<T>&, const Lane& L, const uint8_t* const (&)[T::HP],
                                         bool group_ends, const float (&pr)[4]) {
-    uint16_t ph[4];
+    uint32_t pk[2];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      ph[e] = f16_bits(pr[e]);
-      psum[e & 1] += f16_value(ph[e]);
+    for (int r = 0; r < 2; ++r) {
+      pk[r] = pack_f16x2(pr[2 * r], pr[2 * r + 1]);
+      const float2 pt = unpack_f16x2(pk[r]);
+      psum[0] += pt.x, psum[1] += pt.y;
     }
-    p_fragments_per_head<T::HP>(L, ph, b[0]);
+    p_fragments_per_head<T::HP>(L, pk, b[0]);
     total[0] = total[1] = 0.f;
     if (group_ends) {
 #pragma unroll
@@ -315,10 +317,8 @@ struct VDequant : WarpOut {
   }
   __device__ __forceinline__ void begin(SharedStorage<T>&, const Lane& L, const uint8_t* const (&)[T::HP], bool,
                                         const float (&pr)[4]) {
-    uint16_t ph[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) ph[e] = f16_bits(pr[e]);
-    p_fragments_per_head<T::HP>(L, ph, b[0]);
+    const uint32_t pk[2] = {pack_f16x2(pr[0], pr[1]), pack_f16x2(pr[2], pr[3])};
+    p_fragments_per_head<T::HP>(L, pk, b[0]);
   }
   template <int SL0, int SL1>
   __device__ __forceinline__ void pv(SharedStorage<T>&, const Lane& L, const uint8_t* const (&blocks)[T::HP],
@@ -405,11 +405,9 @@ __device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const L
     if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
     float pr[4];
     sm.probabilities(x, pr);
-    uint16_t pb[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) pb[e] = bf16_bits(pr[e]);
+    const uint32_t pk[2] = {pack_bf16x2(pr[0], pr[1]), pack_bf16x2(pr[2], pr[3])};
     uint32_t b[T::HP][2];
-    p_fragments_per_head<T::HP>(L, pb, b);
+    p_fragments_per_head<T::HP>(L, pk, b);
     const int tk = t0 + 16 * L.warp + 2 * L.t;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
