@@ -190,6 +190,9 @@ __host__ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t x) {
   memcpy(&v, &x, 4);
   return __bfloat1622float2(v);
 }
+// Two floats as fp16x2, round to nearest, subnormal results kept: on the device cuda_fp16's
+// inline `cvt.rn.f16x2.f32`, which --use_fast_math does not turn into its .ftz form (P~ = p s is
+// often below fp16's smallest normal, 6.1e-5; tests/foscar/test_injection.py checks the PTX).
 __host__ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   uint32_t u;
@@ -200,27 +203,6 @@ __host__ __device__ __forceinline__ float2 unpack_f16x2(uint32_t x) {
   __half2 v;
   memcpy(&v, &x, 4);
   return __half22float2(v);
-}
-__host__ __device__ __forceinline__ uint16_t bf16_bits(float x) {
-  __nv_bfloat16 v = __float2bfloat16(x);
-  uint16_t u;
-  memcpy(&u, &v, 2);
-  return u;
-}
-// fp16 bits of x, round to nearest, subnormal results kept: --use_fast_math would otherwise
-// flush them to zero (cvt.rn.ftz), and a probability times a small V scale is often below
-// fp16's smallest normal (6.1e-5).
-__host__ __device__ __forceinline__ uint16_t f16_bits(float x) {
-#if defined(__CUDA_ARCH__)
-  uint16_t u;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(u) : "f"(x));
-  return u;
-#else
-  __half v = __float2half_rn(x);
-  uint16_t u;
-  memcpy(&u, &v, 2);
-  return u;
-#endif
 }
 __host__ __device__ __forceinline__ float f16_value(uint16_t u) {
   __half v;
