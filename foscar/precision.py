@@ -556,9 +556,6 @@ class PVOperandResult:
     overflows: int = 0  # u8-run: runs started because a step would pass 255
     longest_run: int = 0  # u8 forms: the most tokens one accumulator sums
     max_acc: float = 0.0  # u8 forms: the largest accumulator, every code at the top radix factor
-    # What each token weighs in the output [heads, n], p's stand-in against the final maximum
-    # (w~ / s token-wise), so that out = weights . V / l.
-    weights: np.ndarray | None = None
 
     @property
     def error(self) -> float:
@@ -691,9 +688,7 @@ def pv_operand_output(scores: np.ndarray, codes: np.ndarray, scale: np.ndarray, 
     p_final = np.exp(scores - m[:, -1:])
     l = p_final.sum(axis=1, keepdims=True)
     ref = p_final @ (codes * scale + offset) / l
-    weights = w / s_tok[None, :] if v_mode == "token" else w
-    return PVOperandResult(form, o / l, ref, runs=runs, overflows=overflows, longest_run=longest, max_acc=max_acc,
-                           weights=weights)
+    return PVOperandResult(form, o / l, ref, runs=runs, overflows=overflows, longest_run=longest, max_acc=max_acc)
 
 
 def _u8_runs(peak: np.ndarray, m: np.ndarray, v_mode: str, group: int) -> tuple[np.ndarray, list[np.ndarray], int]:

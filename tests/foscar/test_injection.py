@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from foscar import packing
-from foscar.build import BuildError, CSRC, find_nvcc
+from foscar.build import DEFAULT_ARCH, NVCC_FLAGS, BuildError, CSRC, find_nvcc
 
 HERE = Path(__file__).resolve().parent
 
@@ -64,8 +64,8 @@ def test_the_p_conversions_keep_fp16_subnormals_under_fast_math(tmp_path):
     src.write_text('#include "foscar_common.cuh"\n'
                    "__global__ void k(const float* x, unsigned* y) { y[0] = foscar::pack_f16x2(x[0], x[1]); }\n")
     ptx = tmp_path / "pack.ptx"
-    build = subprocess.run([nvcc, "-std=c++17", "-O3", "--use_fast_math", "-arch=sm_90a", f"-I{CSRC}", "-ptx",
-                            str(src), "-o", str(ptx)], capture_output=True, text=True)
+    build = subprocess.run([nvcc, *NVCC_FLAGS, f"-arch={DEFAULT_ARCH}", f"-I{CSRC}", "-ptx", str(src), "-o", str(ptx)],
+                           capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-3000:]
     text = ptx.read_text()
     assert "cvt.rn.f16x2.f32" in text
