@@ -49,7 +49,6 @@ class _Foscar(Backend):
     variant = "fold"
     num_splits: int | None = None  # None: the launch plan's split count
     kv_heads_per_item: int | None = None  # None: the planner's pairing of KV heads
-    halves: bool | None = None  # None: the planner's choice of items in halves
 
     def available(self) -> str | None:
         try:
@@ -80,11 +79,11 @@ class _Foscar(Backend):
         cache = self._quantize(foscar, case, source, config)
         q = source.q
         out = torch.empty_like(q)
-        variant, splits, heads, halves = self.variant, self.num_splits, self.kv_heads_per_item, self.halves
+        variant, splits, heads = self.variant, self.num_splits, self.kv_heads_per_item
 
         def run():
             return kernels.decode(q, cache, sm_scale=source.sm_scale, out=out, variant=variant, num_splits=splits,
-                                  library=library, kv_heads_per_item=heads, halves=halves)
+                                  library=library, kv_heads_per_item=heads)
 
         def reference_kv(idx):
             return foscar.dequantize(cache, batch_indices=list(idx), dtype=torch.float32)
@@ -117,18 +116,16 @@ class FoscarVariant(_Foscar):
 
     library: foscar.kernels.load_library(defines=...) of that build. The cache's pages are
     shuffled (seeded by the case), as an allocator would leave them. num_splits overrides the
-    launch plan's split count, kv_heads_per_item the planner's pairing and halves its items in
-    halves (None: the plan's).
+    launch plan's split count and kv_heads_per_item the planner's pairing (None: the plan's).
     """
 
     def __init__(self, name: str, bits: int, library, *, variant: str = "fold", defines: tuple[str, ...] = (),
-                 num_splits: int | None = None, kv_heads_per_item: int | None = None, halves: bool | None = None):
+                 num_splits: int | None = None, kv_heads_per_item: int | None = None):
         self.name, self.bits, self.variant, self.num_splits = name, bits, variant, num_splits
-        self.kv_heads_per_item, self.halves = kv_heads_per_item, halves
+        self.kv_heads_per_item = kv_heads_per_item
         self.library, self.defines = library, tuple(defines)
         splits = f", {num_splits} splits" if num_splits else ""
         heads = f", {kv_heads_per_item} KV head(s) per item" if kv_heads_per_item else ""
-        heads += {None: "", True: ", items in halves", False: ", no halves"}[halves]
         self.description = (f"FOSCAR {variant} INT{bits}, built with {' '.join(self.defines) or 'default knobs'}"
                             f"{splits}{heads}")
 

@@ -111,17 +111,16 @@ class BuildResult:
 
 
 _TEMPLATE = re.compile(
-    r"foscar_decode_kernel<(\d+), (\d+), (true|false), (true|false), (true|false), (\d+)(?:, (true|false))?>")
+    r"foscar_decode_kernel<(\d+), (\d+), (true|false), (true|false), (true|false), (\d+)>")
 
 
 def decode_template_args(name: str) -> tuple[int, int, int, int, int, int] | None:
     """(bits, group_size, k_channel, v_channel, dequant, kv_heads_per_item) of a demangled
-    decode kernel name: the instance the C API's queries name (an instance in halves, shaped as
-    a pair, as heads 2)."""
+    decode kernel name: the instance the C API's queries name."""
     m = _TEMPLATE.search(name)
     if not m:
         return None
-    bits, group, kch, vch, deq, heads, _halves = m.groups()
+    bits, group, kch, vch, deq, heads = m.groups()
     return int(bits), int(group), int(kch == "true"), int(vch == "true"), int(deq == "true"), int(heads)
 
 

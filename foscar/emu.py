@@ -95,7 +95,7 @@ def load(defines: Sequence[str] = ()) -> ctypes.CDLL:
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
            out: torch.Tensor | None = None, variant: str = "fold", num_splits: int | None = None,
            num_sms: int = DEFAULT_NUM_SMS, defines: Sequence[str] = (),
-           kv_heads_per_item: int | None = None, halves: bool | None = None, timeline: torch.Tensor | None = None,
+           kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
            workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """foscar.decode's kernels on the CPU: q and the cache are CPU tensors; same result layout.
 
@@ -124,8 +124,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
                                num_sms=num_sms, ctas_per_sm=lib.foscar_emu_ctas_per_sm,
                                max_kv_heads_per_item=lib.foscar_emu_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                                kv_heads_per_item=kv_heads_per_item,
-                               halves_possible=bool(lib.foscar_emu_halves_possible(q.shape[1], cache.num_kv_heads)),
-                               halves=halves, workspace=workspace_for, timeline=timeline)
+                               workspace=workspace_for, timeline=timeline)
     if lib.foscar_emu_decode(ctypes.byref(args)) != 0:
         raise RuntimeError(f"foscar.emu.decode: {lib.foscar_emu_last_error().decode()}")
     if keep and keep[-1].any():

@@ -58,7 +58,7 @@ class _Args(ctypes.Structure):
         ("num_splits", ctypes.c_int32), ("units_per_split", ctypes.c_int32),
         ("num_ctas", ctypes.c_int32), ("kv_heads_per_item", ctypes.c_int32),
         ("sm_scale", ctypes.c_float), ("device", ctypes.c_int32),
-        ("timeline", ctypes.c_void_p), ("halves", ctypes.c_int32),
+        ("timeline", ctypes.c_void_p),
     ]
 
 
@@ -92,16 +92,9 @@ def bind(lib: ctypes.CDLL, prefix: str) -> ctypes.CDLL:
     ctas = getattr(lib, f"{prefix}_ctas_per_sm")
     ctas.argtypes = [ctypes.c_int] * 6
     ctas.restype = ctypes.c_int
-    for name in ("kv_heads_per_item", "halves_possible"):
-        try:
-            fn = getattr(lib, f"{prefix}_{name}")
-        except AttributeError:  # a library built before items in halves (kernel_lab.py --prebuilt)
-            if name != "halves_possible":
-                raise
-            setattr(lib, f"{prefix}_{name}", lambda num_q_heads, num_kv_heads: 0)
-            continue
-        fn.argtypes = [ctypes.c_int, ctypes.c_int]
-        fn.restype = ctypes.c_int
+    heads = getattr(lib, f"{prefix}_kv_heads_per_item")
+    heads.argtypes = [ctypes.c_int, ctypes.c_int]
+    heads.restype = ctypes.c_int
     return lib
 
 
@@ -114,10 +107,6 @@ class LaunchPlan:
     num_splits: int
     chunks_per_split: int
     num_ctas: int
-    # Each item (one KV head's split) runs as two halves side by side, its query heads twice on
-    # S's columns (the C API's halves): batch 1's plan, where one head per item would leave half
-    # of S's columns padding.
-    halves: bool = False
 
 
 # Two KV heads per item (where the library can pair them) from this many (sequence, KV head)
@@ -134,46 +123,16 @@ def planned_kv_heads_per_item(batch: int, num_kv_heads: int, max_heads: int) -> 
     return max_heads if max_heads > 1 and batch * num_kv_heads >= PAIR_MIN_KV_ROWS else 1
 
 
-# Items in halves from this many chunks (64 tokens each) of the longest sequence on: below it a
-# small batch's splits hold a few chunks, which halves barely shorten (the first half rounds up
-# to a whole token group) while the splits the plan adds grow the merge's reads.
-HALVES_MIN_CHUNKS = 128
-
-
-def planned_halves(batch: int, num_kv_heads: int, max_heads: int, halves_possible: bool, max_chunks: int) -> bool:
-    """Whether a launch runs its items in halves: where the planner gives one KV head per item
-    (planned_kv_heads_per_item), the library can (foscar_halves_possible) and the longest
-    sequence has HALVES_MIN_CHUNKS chunks or more."""
-    return (halves_possible and max_chunks >= HALVES_MIN_CHUNKS
-            and planned_kv_heads_per_item(batch, num_kv_heads, max_heads) == 1)
-
-
-def halves_align(group_size: int) -> int:
-    """Chunks the first half of an item in halves is rounded up to: a whole token group, so that
-    both halves' groups start on the same trips (foscar_decode.cuh, work_item)."""
-    return max(1, group_size // CHUNK_TOKENS)
-
-
-def item_trips(chunks: int, halves: bool = False, align: int = 1) -> int:
-    """Trips of an item of `chunks` chunks: one a chunk, or in halves its first half's chunks
-    (half of them, rounded up to `align`), as the kernels' work_item() counts them."""
-    if not halves:
-        return chunks
-    return min(((chunks + 1) // 2 + align - 1) // align * align, chunks)
-
-
 def plan_launch(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int,
                 ctas_per_sm: int = CTAS_PER_SM, kv_heads_per_item: int = 1,
-                max_item_chunks: int = MAX_ITEM_CHUNKS[2], halves_align: int = 0) -> LaunchPlan:
+                max_item_chunks: int = MAX_ITEM_CHUNKS[2]) -> LaunchPlan:
     """The plan with the least modelled time: the busiest CTA's items, each its chunks plus a
     fixed cost, plus the merge when a sequence is split (batch 1 splits to fill the GPU; a
     full batch splits only where that evens out the last round of items), with no split over
     `max_item_chunks` (exactness: MAX_ITEM_CHUNKS of the bit width; past MAX_FORCED_SPLITS
     such splits, millions of tokens, splits grow). An item covers
     `kv_heads_per_item` KV heads (the library's foscar_kv_heads_per_item); its chunk costs
-    about as much as one head's. `halves_align` > 0 plans items in halves (one KV head each, two
-    chunks a trip, the first half rounded up to that many chunks: item_trips); a trip costs
-    about as much as one chunk of one head."""
+    about as much as one head's."""
     slots = num_sms * ctas_per_sm
     base = batch * (num_kv_heads // kv_heads_per_item)
     max_chunks = max(1, max_chunks)
@@ -185,10 +144,9 @@ def plan_launch(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int,
         items = base * used
         ctas = min(items, slots)
         rounds = math.ceil(items / ctas)
-        trips = item_trips(per_split, halves_align > 0, max(1, halves_align))
-        cost = rounds * (trips + ITEM_OVERHEAD_CHUNKS) + (MERGE_CHUNKS if used > 1 else 0.0)
+        cost = rounds * (per_split + ITEM_OVERHEAD_CHUNKS) + (MERGE_CHUNKS if used > 1 else 0.0)
         if best is None or cost < best[0] - 1e-9:
-            best = (cost, LaunchPlan(used, per_split, ctas, halves_align > 0))
+            best = (cost, LaunchPlan(used, per_split, ctas))
     return best[1]
 
 
@@ -267,27 +225,24 @@ def _check_inputs(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor | 
 
 
 def launch_plan(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int = CTAS_PER_SM,
-                kv_heads_per_item: int = 1, halves: bool = False) -> LaunchPlan:
+                kv_heads_per_item: int = 1) -> LaunchPlan:
     """The plan decode() uses for this cache (exposed for tests and the harness)."""
     max_packed = int(cache.packed_lens.max().item()) if cache.batch else 0
     return plan_launch(cache.batch, cache.num_kv_heads, math.ceil(max_packed / CHUNK_TOKENS), num_sms, ctas_per_sm,
-                       kv_heads_per_item, MAX_ITEM_CHUNKS[cache.config.bits],
-                       halves_align(cache.config.group_size) if halves else 0)
+                       kv_heads_per_item, MAX_ITEM_CHUNKS[cache.config.bits])
 
 
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
            out: torch.Tensor | None = None, variant: str = "fold",
            num_splits: int | None = None, library: ctypes.CDLL | None = None,
-           kv_heads_per_item: int | None = None, halves: bool | None = None,
-           timeline: torch.Tensor | None = None) -> torch.Tensor:
+           kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step of attention for q [batch, num_q_heads, head_dim] (BF16) over `cache`.
 
     Returns BF16 [batch, num_q_heads, head_dim]. `variant="dequant"` runs the ablation that
     dequantizes every element before the Tensor Cores instead of folding. `num_splits`
     overrides the split-KV plan (for experiments); `library` runs a build from
     load_library(defines=...) instead of the default one (kernel experiments);
-    `kv_heads_per_item` (1 or 2) overrides the planner's pairing of KV heads and `halves` its
-    choice of running one head's items in halves (LaunchPlan.halves; tests, the lab).
+    `kv_heads_per_item` (1 or 2) overrides the planner's pairing of KV heads (tests).
     `timeline`, with a library built with -DFOSCAR_TIMELINE=1 only, receives the launch's
     per-CTA phase stamps: zeroed int64 on q's device, TIMELINE_ITEMS x len(TIMELINE_PHASES) per
     CTA of decode_plan(...).num_ctas (scripts/kernel_lab.py --timeline).
@@ -301,7 +256,6 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
                        num_sms=num_sms, ctas_per_sm=lib.foscar_ctas_per_sm,
                        max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                        kv_heads_per_item=kv_heads_per_item,
-                       halves_possible=bool(lib.foscar_halves_possible(q.shape[1], cache.num_kv_heads)), halves=halves,
                        workspace=lambda *sizes: _workspace(q.device, *sizes), device=device, timeline=timeline)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     if lib.foscar_decode(ctypes.byref(args), ctypes.c_void_p(stream)) != 0:
@@ -311,17 +265,14 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
 
 
 def decode_plan(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str = "fold", num_splits: int | None = None,
-                library: ctypes.CDLL | None = None, kv_heads_per_item: int | None = None,
-                halves: bool | None = None) -> LaunchPlan:
+                library: ctypes.CDLL | None = None, kv_heads_per_item: int | None = None) -> LaunchPlan:
     """The plan decode() launches with the same arguments (its num_ctas sizes a timeline)."""
     lib = library or load_library()
     return resolve_plan(cache, q.shape[1], variant=variant, num_splits=num_splits,
                         num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count,
                         ctas_per_sm=lib.foscar_ctas_per_sm,
                         max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
-                        kv_heads_per_item=kv_heads_per_item,
-                        halves_possible=bool(lib.foscar_halves_possible(q.shape[1], cache.num_kv_heads)),
-                        halves=halves)[1]
+                        kv_heads_per_item=kv_heads_per_item)[1]
 
 
 def timeline_entries(num_ctas: int) -> int:
@@ -337,11 +288,9 @@ def kernel_instance(cfg: QuantConfig, variant: str) -> tuple[int, int, int, int,
 
 def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num_splits: int | None, num_sms: int,
                  ctas_per_sm: int | Callable[..., int], max_kv_heads_per_item: int = 1,
-                 kv_heads_per_item: int | None = None, halves_possible: bool = False,
-                 halves: bool | None = None) -> tuple[int, LaunchPlan]:
+                 kv_heads_per_item: int | None = None) -> tuple[int, LaunchPlan]:
     """The KV heads per item and the plan of one launch: the planner's, or its chunks over a
-    forced `num_splits`. `ctas_per_sm` as in launch_args; `halves_possible` the library's
-    foscar_halves_possible for this head layout, `halves` None for the planner's choice."""
+    forced `num_splits`. `ctas_per_sm` as in launch_args."""
     cfg = cache.config
     instance = kernel_instance(cfg, variant)
     if kv_heads_per_item is None:
@@ -350,23 +299,13 @@ def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num
         raise ValueError(f"kv_heads_per_item={kv_heads_per_item!r} is not possible for {num_q_heads} query heads "
                          f"over {cache.num_kv_heads} KV heads with this build; pass 1, "
                          f"{max_kv_heads_per_item} or None for the planner's choice.")
-    can_halve = halves_possible and kv_heads_per_item == 1 and variant == "fold"
-    if halves is None:
-        halves = can_halve and planned_halves(cache.batch, cache.num_kv_heads, max_kv_heads_per_item, True,
-                                              _max_chunks(cache))
-    elif halves not in (False, True):
-        raise ValueError(f"halves={halves!r} is not a bool; pass True, False or None for the planner's choice.")
-    elif halves and not can_halve:
-        raise ValueError(f"halves=True needs kv_heads_per_item 1 (got {kv_heads_per_item}), the fold variant (got "
-                         f"{variant!r}) and 2 or 4 query heads per KV head in this build (got {num_q_heads} over "
-                         f"{cache.num_kv_heads}); pass halves=False or None.")
     if callable(ctas_per_sm):
-        ctas_per_sm = ctas_per_sm(*instance, 2 if halves else kv_heads_per_item)  # halves are shaped as a pair
+        ctas_per_sm = ctas_per_sm(*instance, kv_heads_per_item)
         if ctas_per_sm < 1:
             raise ValueError(f"the library builds no {variant} kernel for {cfg.bits}-bit codes, group_size="
                              f"{cfg.group_size}, K {cfg.k_mode}-wise, V {cfg.v_mode}-wise with {kv_heads_per_item} "
                              f"KV head(s) per item; check foscar.kernels.unsupported_reason first.")
-    plan = _plan_cached(cache, num_sms, ctas_per_sm, kv_heads_per_item, halves)
+    plan = _plan_cached(cache, num_sms, ctas_per_sm, kv_heads_per_item)
     if num_splits is None:
         return kv_heads_per_item, plan
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_FORCED_SPLITS:
@@ -382,14 +321,13 @@ def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num
             f"the {cfg.bits}-bit kernels hold the gate's accuracy up to {longest} chunks a split: pass at "
             f"least {math.ceil(max_chunks / longest)}, or None for the automatic plan.")
     ctas = min(cache.batch * (cache.num_kv_heads // kv_heads_per_item) * splits, num_sms * ctas_per_sm)
-    return kv_heads_per_item, LaunchPlan(splits, per_split, ctas, halves)
+    return kv_heads_per_item, LaunchPlan(splits, per_split, ctas)
 
 
 def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, sm_scale: float | None,
                 variant: str, num_splits: int | None, num_sms: int, ctas_per_sm: int | Callable[..., int],
                 workspace, device: int = 0, max_kv_heads_per_item: int = 1,
-                kv_heads_per_item: int | None = None, halves_possible: bool = False, halves: bool | None = None,
-                timeline: torch.Tensor | None = None) -> _Args:
+                kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None) -> _Args:
     """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
 
     `ctas_per_sm` is a count, or the library's foscar_ctas_per_sm, asked for the kernel instance
@@ -405,8 +343,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     kv_heads_per_item, plan = resolve_plan(cache, num_q_heads, variant=variant, num_splits=num_splits,
                                            num_sms=num_sms, ctas_per_sm=ctas_per_sm,
                                            max_kv_heads_per_item=max_kv_heads_per_item,
-                                           kv_heads_per_item=kv_heads_per_item, halves_possible=halves_possible,
-                                           halves=halves)
+                                           kv_heads_per_item=kv_heads_per_item)
     splits, per_split, ctas = plan.num_splits, plan.chunks_per_split, plan.num_ctas
     if timeline is not None and not (isinstance(timeline, torch.Tensor) and timeline.dtype == torch.int64
                                      and timeline.device == q.device and timeline.is_contiguous()
@@ -426,30 +363,18 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         batch, num_q_heads, cache.num_kv_heads, head_dim,
         *kernel_instance(cfg, variant), cfg.page_size, cache.page_table.shape[1],
         splits, per_split, ctas, kv_heads_per_item, scale, device,
-        None if timeline is None else timeline.data_ptr(), int(plan.halves),
+        None if timeline is None else timeline.data_ptr(),
     )
 
 
-def _max_chunks(cache: QuantizedKVCache) -> int:
-    """Chunks of the cache's longest packed sequence, read back from the GPU once per cache
-    object (as _plan_cached does), not per step."""
-    memo = getattr(cache, "_max_chunks_memo", None)
-    if memo is None or memo[0] is not cache.seq_lens:
-        max_packed = int(cache.packed_lens.max().item()) if cache.batch else 0
-        memo = (cache.seq_lens, math.ceil(max_packed / CHUNK_TOKENS))
-        cache._max_chunks_memo = memo
-    return memo[1]
-
-
-def _plan_cached(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int, kv_heads_per_item: int = 1,
-                halves: bool = False) -> LaunchPlan:
+def _plan_cached(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int, kv_heads_per_item: int = 1) -> LaunchPlan:
     # The plan reads seq_lens back from the GPU once per cache object, not per step, so a
     # decode step inside a CUDA graph capture never synchronizes. After `append` grows the
     # cache in place the plan may be stale; the kernel's last split takes every remaining
     # unit, so a stale plan costs balance, never correctness.
-    key = ("_foscar_plan", num_sms, ctas_per_sm, kv_heads_per_item, halves)
+    key = ("_foscar_plan", num_sms, ctas_per_sm, kv_heads_per_item)
     plan = getattr(cache, "_plan_memo", None)
     if plan is None or plan[0] != key or plan[2] is not cache.seq_lens:
-        plan = (key, launch_plan(cache, num_sms, ctas_per_sm, kv_heads_per_item, halves), cache.seq_lens)
+        plan = (key, launch_plan(cache, num_sms, ctas_per_sm, kv_heads_per_item), cache.seq_lens)
         cache._plan_memo = plan
     return plan[1]

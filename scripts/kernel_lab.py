@@ -190,7 +190,7 @@ def timeline(case, backend, ctx, spec: str) -> dict | None:
     if not isinstance(cache, QuantizedKVCache):
         raise SystemExit(f"{backend.name}: its prepared step keeps no foscar cache first; see baselines/foscar.py")
     launch = dict(variant=backend.variant, num_splits=backend.num_splits, library=backend.library,
-                  kv_heads_per_item=backend.kv_heads_per_item, halves=backend.halves)
+                  kv_heads_per_item=backend.kv_heads_per_item)
     plan = kernels.decode_plan(source.q, cache, **launch)
     stamps = torch.zeros(kernels.timeline_entries(plan.num_ctas), dtype=torch.int64, device=source.q.device)
     l2 = torch.cuda.get_device_properties(source.q.device).L2_cache_size
@@ -250,18 +250,16 @@ def print_table(rows: list[dict]) -> None:
               f"{num(r, 'frac_peak_datasheet', '7.1f', 100)}{num(r, 'rel_error', '10.2e')}")
 
 
-# --heads-per-item's names: (kv_heads_per_item, halves) of foscar.kernels.decode.
-ITEM_LAYOUTS = {"1": (1, False), "2": (2, False), "halves": (1, True)}
-
-
-def parse_heads(text: str | None) -> list[str | None]:
-    """--heads-per-item: None (the planner's), or a comma list of ITEM_LAYOUTS' names."""
+def parse_heads(text: str | None) -> list[int | None]:
+    """--heads-per-item: None (the planner's), or a comma list of 1 and 2."""
     if not text:
         return [None]
-    heads = text.split(",")
-    if any(h not in ITEM_LAYOUTS for h in heads):
-        raise SystemExit(f"--heads-per-item {text!r}: expected a comma list of {', '.join(ITEM_LAYOUTS)} "
-                         "(one KV head, two, one in halves), e.g. 1,halves")
+    try:
+        heads = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--heads-per-item {text!r}: expected a comma list of 1 and 2, e.g. 1,2") from None
+    if any(h not in (1, 2) for h in heads):
+        raise SystemExit(f"--heads-per-item {text!r}: an item holds 1 or 2 KV heads")
     return heads
 
 
@@ -278,9 +276,8 @@ def main() -> int:
     ap.add_argument("--splits", default=None,
                     help="comma list of split counts to force (each a variant of its own, NAME/sN); default: the plan's")
     ap.add_argument("--heads-per-item", default=None,
-                    help="comma list of item layouts to force (1 or 2 KV heads, or halves: one KV head's split "
-                         "in two halves), each a variant of its own, NAME/h1, NAME/h2, NAME/hhalves; default: the "
-                         "planner's")
+                    help="comma list of KV heads per item to force (1, 2), each a variant of its own, NAME/h1, "
+                         "NAME/h2; default: the planner's")
     ap.add_argument("--max-item-chunks", type=int, default=None,
                     help="lift the planner's longest split (foscar.kernels.MAX_ITEM_CHUNKS, both widths) so that "
                          "--splits may force longer ones, to measure what the limit guards")
@@ -336,8 +333,7 @@ def main() -> int:
         kernel_variant = parse_config(spec)[3]
         backends = [FoscarVariant(name + ("" if n is None else f"/s{n}") + ("" if h is None else f"/h{h}"),
                                   case.bits, libs[name], variant=kernel_variant, defines=defines, num_splits=n,
-                                  kv_heads_per_item=None if h is None else ITEM_LAYOUTS[h][0],
-                                  halves=None if h is None else ITEM_LAYOUTS[h][1])
+                                  kv_heads_per_item=h)
                     for name, defines in variants for n in splits for h in heads]
         if args.profile:
             for backend in backends:

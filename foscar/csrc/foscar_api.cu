@@ -31,7 +31,3 @@ extern "C" int foscar_decode_smem_bytes(int bits, int group_size, int k_channel,
 extern "C" int foscar_kv_heads_per_item(int num_q_heads, int num_kv_heads) {
   return foscar::max_kv_heads_per_item_of(num_q_heads, num_kv_heads);
 }
-
-extern "C" int foscar_halves_possible(int num_q_heads, int num_kv_heads) {
-  return foscar::halves_possible_of(num_q_heads, num_kv_heads);
-}

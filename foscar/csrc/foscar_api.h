@@ -43,10 +43,6 @@ typedef struct FoscarDecodeArgs {
   uint64_t* timeline;     /* lab knob FOSCAR_TIMELINE only (foscar_decode.cuh): int64 [num_ctas,
                            * kTimelineItems, kTimelinePhases] of %globaltimer stamps, zeroed by the
                            * caller; NULL otherwise */
-  int32_t halves;         /* 1: each item (one KV head, kv_heads_per_item 1) runs its split's chunks as
-                           * two halves side by side, its query heads twice on S's columns (2 or 4
-                           * query heads per KV head; foscar_halves_possible); 0 otherwise. Last, so
-                           * that a library built before it reads the fields before it unchanged */
 } FoscarDecodeArgs;
 
 /* Launches the decode on `stream` (splits of one sequence merge in the same launch). Returns 0
@@ -54,7 +50,7 @@ typedef struct FoscarDecodeArgs {
 FOSCAR_EXPORT int foscar_decode(const FoscarDecodeArgs* args, void* stream);
 FOSCAR_EXPORT const char* foscar_last_error(void);
 /* CTAs per SM one decode kernel instance is made for (the planner sizes the persistent grid by
- * it), or -1 if it is not built. An item in halves is shaped as a pair: ask with heads_per_item 2. */
+ * it), or -1 if it is not built. */
 FOSCAR_EXPORT int foscar_ctas_per_sm(int bits, int group_size, int k_channel, int v_channel, int dequant,
                                      int heads_per_item);
 /* Dynamic shared memory per CTA of one decode kernel instance, or -1 if it is not built. */
@@ -64,9 +60,6 @@ FOSCAR_EXPORT int foscar_decode_smem_bytes(int bits, int group_size, int k_chann
  * heads' query heads fill the 8 columns of S together (2 or 4 query heads per KV head, an even
  * number of KV heads), else 1. */
 FOSCAR_EXPORT int foscar_kv_heads_per_item(int num_q_heads, int num_kv_heads);
-/* 1 where this build runs an item of this head layout as two halves (FoscarDecodeArgs::halves):
- * 2 or 4 query heads per KV head; else 0. */
-FOSCAR_EXPORT int foscar_halves_possible(int num_q_heads, int num_kv_heads);
 
 #ifdef __cplusplus
 }

@@ -371,8 +371,8 @@ __device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const L
   const __nv_bfloat16* kt_rows[T::HP];
   const __nv_bfloat16* vt_rows[T::HP];
 #pragma unroll
-  for (int hp = 0; hp < T::HP; ++hp) {  // (in halves the first stream attends the tail, the second's columns masked)
-    const size_t base = ((size_t)w.b * p.num_kv_heads + w.h + (T::HALVES ? 0 : hp)) * T::G * kD;
+  for (int hp = 0; hp < T::HP; ++hp) {
+    const size_t base = ((size_t)w.b * p.num_kv_heads + w.h + hp) * T::G * kD;
     kt_rows[hp] = p.k_tail + base, vt_rows[hp] = p.v_tail + base;
   }
   auto k_pair = [&](int hp, int tok, int c) -> uint32_t {
@@ -400,8 +400,7 @@ __device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const L
       }
     float x[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      x[e] = t0 + L.token(e) < w.tail_len && !(T::HALVES && L.hp) ? acc[e] * p.sm_scale_log2 : kNegInf;
+    for (int e = 0; e < 4; ++e) x[e] = t0 + L.token(e) < w.tail_len ? acc[e] * p.sm_scale_log2 : kNegInf;
     float alpha[2];
     if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
     float pr[4];
@@ -438,40 +437,16 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlFolded);
   // Columns in passes of four (the real ones, cols: 1, 2, 4 or 8): each warp's output against
   // the maximum over the warps into the merge buffer, then thread tid sums channel tid of each.
-  // In halves a query head's two columns (n, n + ratio, one a stream) are one: their maximum is
-  // taken over both, and their sums add up before the output.
   const int hq0 = w.h * p.ratio, c = L.tid;
-  auto column_max = [&](int hd) {
-    float mx = kNegInf;
-#pragma unroll
-    for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
-    if constexpr (T::HALVES) {
-      const int twin = hd < p.ratio ? hd + p.ratio : hd - p.ratio;
-#pragma unroll
-      for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][twin][0]);
-    }
-    return mx;
-  };
-  // Query head hq0 + hd's channel c: the output, or this split's partials.
-  auto store = [&](int hd, float o, float l, float mx) {
-    if (p.num_splits == 1) {
-      p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
-    } else {
-      const size_t row = ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits + w.split;
-      p.ws_o[row * kD + c] = o;
-      if (c == 0) p.ws_ml[row * 2] = mx, p.ws_ml[row * 2 + 1] = l;
-    }
-  };
-  float o_sum[kN / 2], l_sum[kN / 2];  // halves: the sums of pass slot i's columns
-#pragma unroll
-  for (int i = 0; i < kN / 2; ++i) o_sum[i] = l_sum[i] = 0.f;
   for (int h0 = 0; h0 < p.cols; h0 += kN / 2) {
     if (h0 > 0) named_barrier(kConsumerBarrier, kConsumerThreads);  // the last pass is read out
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int hd = 2 * L.t + hh;
       if (hd < h0 || hd >= h0 + kN / 2) continue;
-      const float mx = column_max(hd);
+      float mx = kNegInf;
+#pragma unroll
+      for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
       const float scale = sm.m[hh] == kNegInf ? 0.f : exp2f(sm.m[hh] - mx);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
@@ -480,47 +455,36 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
     }
     named_barrier(kConsumerBarrier, kConsumerThreads);
     // Thread tid's channel of each column: against the maximum over the warps, summed.
-    auto sum_column = [&](int hd, float& o, float& l) {
-      const float mx = column_max(hd);
+    auto sum_column = [&](int hd) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+      float o = 0.f, l = 0.f;
 #pragma unroll
       for (int ww = 0; ww < 4; ++ww) {
         o += s.merge[ww][hd - h0][c];
         const float m = s.red[ww][hd][0];
         if (m != kNegInf) l += exp2f(m - mx) * s.red[ww][hd][1];
       }
-      return mx;
+      if (p.num_splits == 1) {
+        p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
+      } else {
+        const size_t row = ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits + w.split;
+        p.ws_o[row * kD + c] = o;
+        if (c == 0) p.ws_ml[row * 2] = mx, p.ws_ml[row * 2 + 1] = l;
+      }
     };
-    if constexpr (T::HALVES) {
-#pragma unroll
-      for (int i = 0; i < kN / 2; ++i)
-        if (h0 + i < p.cols) sum_column(h0 + i, o_sum[i], l_sum[i]);
-    } else if constexpr (T::HP == 1) {
+    if constexpr (T::HP == 1) {
       // Unrolled, so that the columns' loads overlap: batch 1's finish, 0.2-0.7 us faster at
       // 4K-128K (docs/PERFORMANCE.md, v21). The paired kernels keep the loop: unrolled there,
       // their trips got slower (1-5 % at batch 32 and 128).
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) {
         if (h0 + i >= p.cols) break;
-        float o = 0.f, l = 0.f;
-        const float mx = sum_column(h0 + i, o, l);
-        store(h0 + i, o, l, mx);
+        sum_column(h0 + i);
       }
     } else {
-      for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) {
-        float o = 0.f, l = 0.f;
-        const float mx = sum_column(hd, o, l);
-        store(hd, o, l, mx);
-      }
-    }
-  }
-  if constexpr (T::HALVES) {
-    // Query head q's columns: slots q and q + ratio of the passes (ratio 4: the same slot of two passes).
-#pragma unroll
-    for (int q = 0; q < kN / 2; ++q) {
-      if (q >= p.ratio) break;
-      const bool two = p.ratio == 2;  // both columns in the one pass
-      store(q, o_sum[q] + (two ? o_sum[(q + 2) % (kN / 2)] : 0.f), l_sum[q] + (two ? l_sum[(q + 2) % (kN / 2)] : 0.f),
-            column_max(q));
+      for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) sum_column(hd);
     }
   }
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlStored);  // thread 0's stores issued (the others' may trail)
@@ -564,7 +528,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
         v_par[hp] = ss.stage(hp) + 2 * T::kCodeBytes + T::kKParamBytes;
       }
       const int tok0 = c * kChunk;
-      const bool last = c == w.template trip_end<T>() - 1;
+      const bool last = c == w.chunk_end - 1;
       const bool group_ends = last || (tok0 + kChunk) % T::G == 0;
 
       // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers. (Token-wise K
@@ -600,7 +564,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       }
       ss.release();
     };
-    for (int c = w.chunk_begin; c < w.template trip_end<T>(); ++c, ring.next_trip()) trip(c);
+    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) trip(c);
 
     if (L.tid == 0) timeline_stamp(p, item, kTlLastTrip);
     if constexpr (T::kHasTail) {

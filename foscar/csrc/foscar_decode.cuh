@@ -55,9 +55,6 @@ namespace foscar {
 __host__ __device__ inline int max_kv_heads_per_item(int ratio, int num_kv_heads) {
   return FOSCAR_PAIR_HEADS && (ratio == 2 || ratio == 4) && num_kv_heads % 2 == 0 ? 2 : 1;
 }
-// Whether an item can run as two halves of one KV head's split (DecodeShape::HALVES): the query
-// heads fill half of S's columns, twice.
-__host__ __device__ inline bool halves_possible(int ratio) { return FOSCAR_PAIR_HEADS && (ratio == 2 || ratio == 4); }
 
 // Lab knob FOSCAR_TIMELINE=1 (scripts/kernel_lab.py --timeline): one thread stamps %globaltimer
 // at the phases of each CTA's first kTimelineItems items into p.timeline (int64, zeroed by the
@@ -101,8 +98,7 @@ struct DecodeParams {
   int* ws_count;                // [batch, num_kv_heads] splits done; 0 between launches
   int batch, num_q_heads, num_kv_heads, ratio;
   // KV heads per work item (kv_heads_per_item) and the real columns of S and O they fill:
-  // cols = heads_per_item * ratio, column n the query head (first KV head) * ratio + n; in
-  // halves cols = 2 ratio, column n the query head w.h * ratio + n % ratio.
+  // cols = heads_per_item * ratio, column n the query head (first KV head) * ratio + n.
   int heads_per_item, cols;
   int page_size, max_pages, page_shift;  // page_shift = log2(page_size) for powers of two, else -1
   // Byte strides of the staged runs: one head's codes / parameters inside a page, one page.
@@ -135,7 +131,7 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.num_kv_heads = a.num_kv_heads;
   p.ratio = a.num_q_heads / a.num_kv_heads;
   p.heads_per_item = a.kv_heads_per_item;
-  p.cols = (a.halves ? 2 : p.heads_per_item) * p.ratio;
+  p.cols = p.heads_per_item * p.ratio;
   p.page_size = a.page_size;
   p.max_pages = a.max_pages;
   p.page_shift = (a.page_size & (a.page_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(a.page_size)) : -1;
@@ -191,21 +187,12 @@ constexpr int kMinCtasPerSm = 3;
 
 // A kernel's shape: everything but its occupancy (DecodeTraits adds that, from the shared memory
 // this shape takes).
-template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1, bool HALVES_ = false>
+template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
 struct DecodeShape {
   static constexpr int BITS = BITS_, G = G_;
   static constexpr bool KCH = KCH_, VCH = VCH_, DEQ = DEQ_;
-  // Streams of an item, side by side on S's columns, a ring stage each per trip: 1, or 2 (two
-  // KV heads paired, kv_heads_per_item; or one KV head's split in two halves, HALVES).
-  static constexpr int HP = HP_;
-  // The halves (FoscarDecodeArgs::halves, docs/KERNELS.md "Halves"): the item is one KV head's split,
-  // its first half of chunks the first stream and its second half the second, the query heads
-  // twice on S's columns; the finish merges the two. Batch 1's items, which one head per item
-  // would leave with half of S's columns padding.
-  static constexpr bool HALVES = HALVES_;
-  static constexpr int kHeadsPerItem = HALVES ? 1 : HP;  // KV heads of an item
+  static constexpr int HP = HP_;  // KV heads per item (1, or 2 paired: kv_heads_per_item)
   static_assert(HP == 1 || HP == 2, "an item holds one KV head or a pair");
-  static_assert(!HALVES || (HP == 2 && !DEQ_), "the halves run as a pair, not in the ablation");
   static constexpr int kCodeBytes = kChunk * kD * BITS / 8;     // one tensor's codes of one chunk
   static constexpr int kGroupsD = kD / G;                        // channel groups (token-wise modes)
   static constexpr int kGroupsT = G >= kChunk ? 1 : kChunk / G;  // token groups in a chunk (channel-wise)
@@ -261,9 +248,9 @@ struct SharedStorage {
 // kernels hold still builds every kernel. Every kernel must hold three (or the knob, if fewer):
 // a ring that silently dropped a kernel to two would lose a third of its warps
 // (docs/PERFORMANCE.md). The registers follow from the CTAs.
-template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1, bool HALVES_ = false>
-struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_, HALVES_> {
-  using Shape = DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_, HALVES_>;
+template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
+struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
+  using Shape = DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_>;
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage<Shape>));
   // Measured (docs/PERFORMANCE.md, v14, v15): four CTAs of INT2's paired G = 128 kernels are 4-7 %
   // faster at batch 128 (1-2 % slower at batch 8), and of its paired G = 64 channel/channel kernel
@@ -288,24 +275,18 @@ struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_, HALVES_> {
   static constexpr int kConsumerRegs = (2 * kEntryRegs - kProducerRegs) / 8 * 8;
 };
 
-template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, bool HALVES = false>
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
 constexpr int decode_smem_bytes() {
-  return DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, HALVES>::kSmemBytes;
+  return DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kSmemBytes;
 }
 
 // ---------------------------------------------------------------------------------------
 // Work items: (sequence, KV head, split), the split a run of 64-token chunks; the last split
 // takes whatever remains, so a plan made before the cache grew stays correct.
 struct WorkItem {
-  int b, h, split;  // h: the item's first KV head (T::kHeadsPerItem consecutive heads)
+  int b, h, split;  // h: the item's first KV head (T::HP consecutive heads)
   int chunk_begin, chunk_end;  // packed chunks of this split
   int packed_len, tail_len;
-  // In halves (DecodeShape::HALVES) trip c runs chunk c of the first stream and chunk c + second
-  // of the second, for c from chunk_begin to first_end - 1 (the second stream's chunks may end a
-  // trip earlier); unset otherwise.
-  int second, first_end;
-  template <class T>
-  __device__ __forceinline__ int trip_end() const { return T::HALVES ? first_end : chunk_end; }
 };
 
 // Phase `phase` of this CTA's item `item` on the timeline (FOSCAR_TIMELINE; nothing without it).
@@ -321,15 +302,15 @@ __device__ __forceinline__ void timeline_stamp(const DecodeParams& p, int item, 
 // The same for a work item (work_item's inverse).
 template <class T>
 __device__ __forceinline__ void timeline_stamp(const DecodeParams& p, const WorkItem& w, int phase) {
-  timeline_stamp(p, (w.b * (p.num_kv_heads / T::kHeadsPerItem) + w.h / T::kHeadsPerItem) * p.num_splits + w.split, phase);
+  timeline_stamp(p, (w.b * (p.num_kv_heads / T::HP) + w.h / T::HP) * p.num_splits + w.split, phase);
 }
 
 template <class T>
 __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
   WorkItem w;
   w.split = item % p.num_splits;
-  const int rest = item / p.num_splits, per_seq = p.num_kv_heads / T::kHeadsPerItem;
-  w.h = rest % per_seq * T::kHeadsPerItem;
+  const int rest = item / p.num_splits, per_seq = p.num_kv_heads / T::HP;
+  w.h = rest % per_seq * T::HP;
   w.b = rest / per_seq;
   const int len = p.seq_lens[w.b];
   w.tail_len = T::kHasTail ? len % T::G : 0;
@@ -337,14 +318,6 @@ __device__ __forceinline__ WorkItem work_item(const DecodeParams& p, int item) {
   const int chunks = (w.packed_len + kChunk - 1) / kChunk;
   w.chunk_begin = min(w.split * p.chunks_per_split, chunks);
   w.chunk_end = w.split == p.num_splits - 1 ? chunks : min(w.chunk_begin + p.chunks_per_split, chunks);
-  if constexpr (T::HALVES) {
-    // The first half: half the chunks, rounded up to whole token groups, so that the two
-    // streams' groups start on the same trips (the Q~ rebuild, channel-wise V's group end).
-    constexpr int kAlign = T::G > kChunk ? T::G / kChunk : 1;
-    const int n = w.chunk_end - w.chunk_begin;
-    w.second = ((n + 1) / 2 + kAlign - 1) / kAlign * kAlign;
-    w.first_end = w.chunk_begin + min(w.second, n);
-  }
   return w;
 }
 
@@ -438,32 +411,19 @@ __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
     int early_lpage = -1;  // the nominal first chunk's page, its load issued before the length's returns
     unsigned early_page = 0;
     {
-      const int b = item / p.num_splits / (p.num_kv_heads / T::kHeadsPerItem);  // work_item()'s w.b, before its length load
+      const int b = item / p.num_splits / (p.num_kv_heads / T::HP);  // work_item()'s w.b, before its length load
       const int tok = (item % p.num_splits) * p.chunks_per_split * kChunk;
       const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
       if (lpage < p.max_pages) early_lpage = lpage, early_page = static_cast<unsigned>(p.page_table[(size_t)b * p.max_pages + lpage]);
     }
     const WorkItem w = work_item<T>(p, item);
     if (w.chunk_end == w.chunk_begin) continue;
-    for (int j = w.chunk_begin - 1; j < w.template trip_end<T>(); ++j)
+    for (int j = w.chunk_begin - 1; j < w.chunk_end; ++j)
 #pragma unroll
       for (int hp = 0; hp < T::HP; ++hp, ring.advance(1)) {
         mbar_wait(&s.empty[ring.slot], ring.phase ^ 1u);  // the consumers freed its last use
         if (hp == 0 && j < w.chunk_begin) timeline_stamp(p, item, kTlFirstCopy);
-        if constexpr (T::HALVES) {
-          // The first stream's chunks [chunk_begin, first_end), the second's [chunk_begin +
-          // second, chunk_end). A trip past the second's last chunk (or with none) stages the
-          // split's last chunk's V again: real parameters, whose scores the consumers mask.
-          const int j2 = j + w.second;
-          if (hp == 0)
-            fill_stage<T>(p, s, ring.slot, w.b, w.h, w.chunk_begin, w.first_end, j, early_lpage, early_page);
-          else if (j2 < w.chunk_end)
-            fill_stage<T>(p, s, ring.slot, w.b, w.h, w.chunk_begin + w.second, w.chunk_end, j2, early_lpage, early_page);
-          else
-            fill_stage<T>(p, s, ring.slot, w.b, w.h, w.chunk_begin, w.chunk_end, w.chunk_end - 1, early_lpage, early_page);
-        } else {
-          fill_stage<T>(p, s, ring.slot, w.b, w.h + hp, w.chunk_begin, w.chunk_end, j, early_lpage, early_page);
-        }
+        fill_stage<T>(p, s, ring.slot, w.b, w.h + hp, w.chunk_begin, w.chunk_end, j, early_lpage, early_page);
       }
   }
 }
@@ -978,8 +938,7 @@ __device__ __forceinline__ void load_query(const DecodeParams& p, SharedStorage<
   float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   uint4 raw = make_uint4(0u, 0u, 0u, 0u);
   if (qs.n < p.cols) {
-    const int n = T::HALVES && qs.n >= p.ratio ? qs.n - p.ratio : qs.n;  // halves: each query head twice
-    raw = *reinterpret_cast<const uint4*>(p.q + ((size_t)w.b * p.num_q_heads + w.h * p.ratio + n) * kD + qs.d0);
+    raw = *reinterpret_cast<const uint4*>(p.q + ((size_t)w.b * p.num_q_heads + w.h * p.ratio + qs.n) * kD + qs.d0);
     const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -1069,25 +1028,17 @@ struct SStream {
       complete();
     }
   }
-  // Log2-domain scores of chunk c (its S completed), -inf past the packed length (in halves,
-  // this thread's stream's chunk, -inf past the split's end too).
+  // Log2-domain scores of chunk c (its S completed), -inf past the packed length.
   __device__ __forceinline__ void scores(int c, float (&x)[4]) const {
     ks.scores(s, L, stage(L.hp) + 2 * T::kCodeBytes, x);
-    const int tok0 = (T::HALVES && L.hp ? c + w.second : c) * kChunk;
-    const int end = T::HALVES ? min(w.packed_len, w.chunk_end * kChunk) : w.packed_len;
-    if (tok0 + kChunk > end) {
+    const int tok0 = c * kChunk;
+    if (tok0 + kChunk > w.packed_len) {
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (tok0 + L.token(e) >= end) x[e] = kNegInf;
+        if (tok0 + L.token(e) >= w.packed_len) x[e] = kNegInf;
     }
   }
 };
-
-// The output's columns of an item: cols, or ratio in halves (each query head twice in S).
-template <class T>
-__device__ __forceinline__ int out_cols(const DecodeParams& p) {
-  return T::HALVES ? p.ratio : p.cols;
-}
 
 // Channel c of the first COLS columns (those below cols) summed over the splits with their
 // weights, the partials of UNROLL splits loaded at once: the merge waits on L2, and at batch 1
@@ -1129,13 +1080,13 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   // as float4 in the one-head kernels, thread tid's channel of every column in the paired). (Each thread
   // reading every (m, l) itself, with the loads in a chain, cost ~35 us at batch 1 and 128K,
   // where the last CTA of a KV head merges 49 splits while the rest of the GPU waits.)
-  const int S = p.num_splits, n = out_cols<T>(p) * S;  // at most 8 x 128 (foscar_dispatch.h)
+  const int S = p.num_splits, n = p.cols * S;  // at most 8 x 128 (foscar_dispatch.h)
   float* wgt = &s.merge[0][0][0];  // [head][split]
   static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 heads x 128 splits");
   const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // head hd, split sp: row0 + hd S + sp
   for (int i = L.tid; i < n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + (row0 + i) * 2);
   named_barrier(kConsumerBarrier, kConsumerThreads);
-  for (int hd = L.warp; hd < out_cols<T>(p); hd += 4) {
+  for (int hd = L.warp; hd < p.cols; hd += 4) {
     float mx = kNegInf;
     for (int sp = L.lane; sp < S; sp += 32) mx = fmaxf(mx, wgt[hd * S + sp]);
     mx = reduce_lanes<32, true>(mx);
@@ -1151,13 +1102,13 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
-  if constexpr (T::HP == 1 || T::HALVES) {
+  if constexpr (T::HP == 1) {
     // Warp w sums columns w, w + 4 over the splits, lane l channels 4 l .. 4 l + 3, as float4:
     // one SM reads 64 KB of partials in 2.1 us so, in 5.0 us as 4-byte loads
     // (scripts/probe_merge_read.cu), and batch 1 runs 2.5-10 % faster (docs/PERFORMANCE.md, v22).
     // The paired kernels keep the 4-byte loads: a change to their merge reschedules their trips.
     const int ch = 4 * L.lane;
-    for (int hd = L.warp; hd < out_cols<T>(p); hd += 4) {
+    for (int hd = L.warp; hd < p.cols; hd += 4) {
       const float4* src = reinterpret_cast<const float4*>(p.ws_o + (row0 + (size_t)hd * S) * kD + ch);
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
@@ -1195,10 +1146,10 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
 
 namespace foscar {
 
-template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, bool HALVES>
-__global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, HALVES>::kCtasPerSm)
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+__global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kCtasPerSm)
     foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
-  using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, HALVES>;
+  using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
   SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(dynamic_smem());
   if (threadIdx.x == 0) {
     for (int i = 0; i < T::kStages; ++i) {

@@ -3,10 +3,9 @@
 // emulator runs exactly the instances the GPU library builds.
 //
 // A launcher is a type with
-//   template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, bool HALVES>
+//   template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
 //   static int run(const FoscarDecodeArgs&, void* stream);
-// HP, the streams of a work item, is the launch's kv_heads_per_item, or 2 with HALVES (the
-// launch's halves: one KV head's split in two halves); the planner chooses.
+// HP, the KV heads per work item, is the launch's kv_heads_per_item (the planner's choice).
 #pragma once
 
 #include <string>
@@ -24,12 +23,6 @@ std::string& last_error();
 inline int max_kv_heads_per_item_of(int num_q_heads, int num_kv_heads) {
   return num_kv_heads > 0 && num_q_heads % num_kv_heads == 0
              ? max_kv_heads_per_item(num_q_heads / num_kv_heads, num_kv_heads) : 1;
-}
-
-// Whether this build runs an item of this head layout as two halves (DecodeShape::HALVES); the C
-// entry points foscar_halves_possible and foscar_emu_halves_possible answer with it.
-inline int halves_possible_of(int num_q_heads, int num_kv_heads) {
-  return num_kv_heads > 0 && num_q_heads % num_kv_heads == 0 && halves_possible(num_q_heads / num_kv_heads);
 }
 
 // What only the C side can check before dispatch; 0, or 2 with last_error() set.
@@ -57,17 +50,6 @@ inline int check_args(const FoscarDecodeArgs& a) {
                    " KV heads in this build; expected 1 or foscar_kv_heads_per_item()";
     return 2;
   }
-  if (a.halves != 0 && a.halves != 1) {
-    last_error() = "halves " + std::to_string(a.halves) + " is not 0 or 1";
-    return 2;
-  }
-  if (a.halves && (a.kv_heads_per_item != 1 || a.dequant || !halves_possible_of(a.num_q_heads, a.num_kv_heads))) {
-    last_error() = "halves 1 needs kv_heads_per_item 1, the fold (not the ablation) and 2 or 4 query heads per KV head "
-                   "(foscar_halves_possible), got kv_heads_per_item " + std::to_string(a.kv_heads_per_item) +
-                   ", dequant " + std::to_string(a.dequant) + ", " + std::to_string(a.num_q_heads) + "/" +
-                   std::to_string(a.num_kv_heads) + " heads; launch with halves 0";
-    return 2;
-  }
   if (a.page_size % 64) {
     last_error() = "page_size " + std::to_string(a.page_size) + " is not a multiple of 64";
     return 2;
@@ -86,12 +68,9 @@ inline int check_args(const FoscarDecodeArgs& a) {
 template <class Launch, int BITS, int G, bool KCH, bool VCH, bool DEQ>
 int dispatch_heads(const FoscarDecodeArgs& a, void* s) {
   if constexpr (FOSCAR_PAIR_HEADS) {
-    if (a.kv_heads_per_item == 2) return Launch::template run<BITS, G, KCH, VCH, DEQ, 2, false>(a, s);
-    if constexpr (!DEQ) {
-      if (a.halves) return Launch::template run<BITS, G, KCH, VCH, DEQ, 2, true>(a, s);
-    }
+    if (a.kv_heads_per_item == 2) return Launch::template run<BITS, G, KCH, VCH, DEQ, 2>(a, s);
   }
-  return Launch::template run<BITS, G, KCH, VCH, DEQ, 1, false>(a, s);
+  return Launch::template run<BITS, G, KCH, VCH, DEQ, 1>(a, s);
 }
 
 template <class Launch, int BITS, int G, bool KCH, bool VCH>
@@ -131,16 +110,16 @@ int dispatch_bits(const FoscarDecodeArgs& a, void* s) {
 // dispatch, so that they answer for exactly the instances the library builds. The answer goes
 // to the int that the launch's stream argument points to.
 struct SmemQuery {  // dynamic shared memory per CTA
-  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, bool HALVES>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
   static int run(const FoscarDecodeArgs&, void* answer) {
-    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, HALVES>::kSmemBytes;
+    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kSmemBytes;
     return 0;
   }
 };
 struct CtasQuery {  // CTAs per SM (the planner sizes the persistent grid by it)
-  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, bool HALVES>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
   static int run(const FoscarDecodeArgs&, void* answer) {
-    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, HALVES>::kCtasPerSm;
+    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kCtasPerSm;
     return 0;
   }
 };

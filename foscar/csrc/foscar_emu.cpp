@@ -17,15 +17,15 @@ std::string& last_error() {
 }
 
 struct EmuLaunch {
-  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, bool HALVES>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
   static int run(const FoscarDecodeArgs& a, void*) {
-    using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, HALVES>;
+    using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
     const DecodeParams p = make_params(a);
-    const auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP, HALVES>;
+    const auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP>;
     const unsigned threads = T::kThreads;
     // One host thread per CUDA thread for the whole grid: they run the CTAs one after another
     // and meet at the CTA's barrier between two (shared memory is reused, as on a GPU).
-    foscar_emu::Cta cta(threads, decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP, HALVES>());
+    foscar_emu::Cta cta(threads, decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP>());
     std::vector<std::thread> lanes;
     lanes.reserve(threads);
     for (unsigned t = 0; t < threads; ++t) {
@@ -64,8 +64,4 @@ extern "C" FOSCAR_EXPORT int foscar_emu_ctas_per_sm(int bits, int group_size, in
 
 extern "C" FOSCAR_EXPORT int foscar_emu_kv_heads_per_item(int num_q_heads, int num_kv_heads) {
   return foscar::max_kv_heads_per_item_of(num_q_heads, num_kv_heads);
-}
-
-extern "C" FOSCAR_EXPORT int foscar_emu_halves_possible(int num_q_heads, int num_kv_heads) {
-  return foscar::halves_possible_of(num_q_heads, num_kv_heads);
 }

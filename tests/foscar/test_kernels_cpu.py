@@ -179,49 +179,6 @@ def test_kv_heads_pair_only_where_the_batch_gives_enough_items():
     assert kernels.planned_kv_heads_per_item(128, 8, 1) == 1  # ratio 1 or 8: the library cannot pair
 
 
-def test_halves_where_one_head_per_item_would_run():
-    # Items in halves replace one head per item (the small batches), where the library can.
-    n = kernels.HALVES_MIN_CHUNKS
-    assert kernels.planned_halves(1, 8, 2, True, n) and not kernels.planned_halves(1, 8, 2, False, n)
-    assert not kernels.planned_halves(1, 8, 2, True, n - 1)  # short sequences: one head per item
-    assert not kernels.planned_halves(kernels.PAIR_MIN_KV_ROWS // 8, 8, 2, True, n)  # paired instead
-    assert kernels.planned_halves(128, 8, 1, True, n)  # no pairing for this layout: halves at any batch
-
-
-@pytest.mark.parametrize("chunks,align,trips", [(42, 1, 21), (42, 2, 22), (5, 1, 3), (5, 2, 4), (1, 2, 1), (2, 2, 2),
-                                                (3, 1, 2), (0, 1, 0)])
-def test_item_trips_in_halves_count_the_first_half(chunks, align, trips):
-    # The kernels' work_item(): the first half takes ceil(n / 2) chunks rounded up to `align`
-    # (a token group), at most n; the trips are its chunks.
-    assert kernels.item_trips(chunks, True, align) == trips
-    assert kernels.item_trips(chunks) == chunks
-    assert kernels.halves_align(128) == 2 and kernels.halves_align(64) == kernels.halves_align(32) == 1
-
-
-def test_a_plan_in_halves_costs_trips_not_chunks():
-    # Batch 1 at 128K: in halves an item's chunks take half the trips, so the planner needs no
-    # more splits than with one head per item to fill the GPU, and never more.
-    one = kernels.plan_launch(1, 8, 2048, num_sms=132, ctas_per_sm=4)
-    halves = kernels.plan_launch(1, 8, 2048, num_sms=132, ctas_per_sm=4, halves_align=2)
-    assert halves.halves and not one.halves
-    assert halves.num_splits <= one.num_splits
-    assert halves.num_splits * halves.chunks_per_split >= 2048 and halves.num_ctas <= 132 * 4
-
-
-def test_halves_the_layout_cannot_run_are_refused():
-    k = torch.randn(1, 256, 2, 128, dtype=torch.bfloat16)
-    cache = foscar.quantize(k, k.clone(), [256], QuantConfig(bits=4, group_size=128, page_size=128))
-    q = torch.randn(1, 16, 128, dtype=torch.bfloat16)  # 8 query heads per KV head: S holds them once
-    common = dict(sm_scale=None, variant="fold", num_splits=None, num_sms=132, ctas_per_sm=3,
-                  workspace=lambda *n: (torch.empty(n[0]), torch.empty(n[1]), torch.zeros(n[2], dtype=torch.int32)))
-    with pytest.raises(ValueError, match="halves=True needs"):
-        kernels.launch_args(q, cache, torch.empty_like(q), halves_possible=False, halves=True, **common)
-    with pytest.raises(ValueError, match="halves='yes' is not a bool"):
-        kernels.launch_args(q, cache, torch.empty_like(q), halves_possible=True, halves="yes", **common)
-    args = kernels.launch_args(q, cache, torch.empty_like(q), halves_possible=False, **common)
-    assert args.halves == 0 and args.kv_heads_per_item == 1
-
-
 @pytest.mark.parametrize("batch,max_chunks", [(128, 512), (8, 2048), (32, 64)])
 def test_a_paired_plan_counts_items_of_two_heads(batch, max_chunks):
     plan = kernels.plan_launch(batch, 8, max_chunks, num_sms=132, ctas_per_sm=3, kv_heads_per_item=2)

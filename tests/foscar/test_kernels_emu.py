@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import foscar
-from foscar import emu, kernels
+from foscar import emu
 from foscar.build import BuildError
 from foscar.config import QuantConfig
 from foscar.reference import attention_f64
@@ -95,50 +95,16 @@ def test_forced_splits_and_many_sequences(bits, k_mode, v_mode):
 
 
 def test_many_splits_leave_merge_remainders():
-    # The split merge loads 8 splits per step (the one-head kernels and those in halves: float4,
-    # a warp per column, two columns a warp at 8 columns; the paired ones: 4 splits of 8
-    # columns): 13 and 17 splits leave a remainder in each, and some splits of the shorter
-    # sequence hold no token.
-    for bits, ratio, heads, halves in ((4, 4, 1, False), (2, 8, 1, False), (2, 4, 2, False), (4, 2, 1, True)):
+    # The split merge loads 8 splits per step (the one-head kernels: float4, a warp per column,
+    # two columns a warp at 8 columns; the paired ones: 4 splits of 8 columns): 13 and 17 splits
+    # leave a remainder in each, and some splits of the shorter sequence hold no token.
+    for bits, ratio, heads in ((4, 4, 1), (2, 8, 1), (2, 4, 2)):
         seed, config, _, _, _ = _case(bits, 128, "channel", "token", batch=2, ratio=ratio)
         lens = [1500, 700]
         q, cache = _data(config, lens, 2, ratio, seed)
         for splits in (3, 13, 17):
-            err = _error(q, cache, lens, num_splits=splits, kv_heads_per_item=heads, halves=halves)
-            assert err <= TOLERANCE, f"seed={seed} bits={bits} heads={heads} halves={halves} splits={splits}: {err:.2e}"
-
-
-@pytest.mark.parametrize("bits", [4, 2])
-@pytest.mark.parametrize("k_mode,v_mode", MODES)
-@pytest.mark.parametrize("ratio", [2, 4])
-def test_halves_match_reference(bits, k_mode, v_mode, ratio):
-    # One KV head's split run as two halves side by side (the planner's choice at small
-    # batches): its query heads twice on S's columns, the halves merged at the item's end. Short
-    # forced splits leave the second half a chunk short or empty, trips the kernel must mask;
-    # channel-wise caches add their BF16 tail to the first half only.
-    assert emu.load().foscar_emu_halves_possible(2 * ratio, 2) == 1
-    group = RNG.choice([32, 64, 128])
-    seed, config, lens, hkv, _ = _case(bits, group, k_mode, v_mode, batch=2, ratio=ratio)
-    q, cache = _data(config, lens, hkv, ratio, seed)
-    for splits in (None, 1, 5):
-        err = _error(q, cache, lens, num_splits=splits, halves=True)
-        assert err <= TOLERANCE, f"seed={seed} G={group} lens={lens} hkv={hkv} splits={splits}: {err:.2e}"
-
-
-def test_batch_1_runs_in_halves():
-    # At batch 1 (ratio 4, 8K tokens) the planner runs items in halves; the same launch with one head per
-    # item computes the same function within the tolerance; halves with two heads per item is
-    # refused in one sentence.
-    seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=1, ratio=4)
-    lens = [64 * kernels.HALVES_MIN_CHUNKS + 100]
-    q, cache = _data(config, lens, 2, 4, seed)
-    plan = kernels.resolve_plan(cache, 8, variant="fold", num_splits=None, num_sms=emu.DEFAULT_NUM_SMS, ctas_per_sm=3,
-                                max_kv_heads_per_item=2, halves_possible=True)[1]
-    assert plan.halves
-    errs = {halves: _error(q, cache, lens, halves=halves) for halves in (True, False)}
-    assert max(errs.values()) <= TOLERANCE, f"seed={seed}: {errs}"
-    with pytest.raises(ValueError, match="halves=True needs kv_heads_per_item 1"):
-        emu.decode(q, cache, kv_heads_per_item=2, halves=True)
+            err = _error(q, cache, lens, num_splits=splits, kv_heads_per_item=heads)
+            assert err <= TOLERANCE, f"seed={seed} bits={bits} heads={heads} splits={splits}: {err:.2e}"
 
 
 def _check_one_and_planned_splits(bits, k_mode, v_mode, seed, q, k, v, lens, **kwargs):

@@ -27,17 +27,16 @@ def test_command_line(lab):
     assert lab.parse_config("2tcd") == (2, "token", "channel", "dequant")
     with pytest.raises(SystemExit, match="4ct"):
         lab.parse_config("8xx")
-    assert lab.parse_heads(None) == [None] and lab.parse_heads("1,2,halves") == ["1", "2", "halves"]
-    assert lab.ITEM_LAYOUTS["halves"] == (1, True) and lab.ITEM_LAYOUTS["1"] == (1, False)
-    with pytest.raises(SystemExit, match="1, 2, halves"):
+    assert lab.parse_heads(None) == [None] and lab.parse_heads("1,2") == [1, 2]
+    with pytest.raises(SystemExit, match="1 or 2"):
         lab.parse_heads("4")
     args = lab.argparse.Namespace(batch=2, kv_len=300, q_heads=32, kv_heads=8, group=128, page=128)
     case = lab.make_case(args, "2tc")
     assert (case.bits, case.k_mode, case.v_mode, case.model, case.page_size) == (2, "token", "channel", "llama3-8b", 128)
 
 
-@pytest.mark.parametrize("heads,halves", [(None, None), (2, None), (1, True)])
-def test_a_variant_is_measured_by_the_harness(lab, monkeypatch, heads, halves):
+@pytest.mark.parametrize("heads", [None, 2])
+def test_a_variant_is_measured_by_the_harness(lab, monkeypatch, heads):
     """A FoscarVariant through suite.runner.measure: the library it names reaches
     foscar.kernels.decode, the check uses the one tolerance, and the record carries the
     harness's timing and byte-model bytes."""
@@ -57,19 +56,18 @@ def test_a_variant_is_measured_by_the_harness(lab, monkeypatch, heads, halves):
     seen = []
 
     def decode_on_the_cpu(q, cache, *, sm_scale=None, out=None, variant="fold", library=None, num_splits=None,
-                          kv_heads_per_item=None, halves=None):
-        seen.append((library, kv_heads_per_item, halves))
-        return emu.decode(q, cache, sm_scale=sm_scale, out=out, variant=variant, kv_heads_per_item=kv_heads_per_item,
-                          halves=halves)
+                          kv_heads_per_item=None):
+        seen.append((library, kv_heads_per_item))
+        return emu.decode(q, cache, sm_scale=sm_scale, out=out, variant=variant, kv_heads_per_item=kv_heads_per_item)
 
     monkeypatch.setattr(kernels, "decode", decode_on_the_cpu)
     backend = FoscarVariant("knobbed", 4, library="lib-of-this-build", defines=("-DFOSCAR_BULK=0",),
-                            kv_heads_per_item=heads, halves=halves)
+                            kv_heads_per_item=heads)
     monkeypatch.setattr(backend, "needs_cuda", False)
     case = Case(batch=1, kv_len=200, num_q_heads=8, num_kv_heads=2, page_size=128)  # a pair at ratio 4
     record, fatal = measure(case, backend, WorkerContext(device=torch.device("cpu"), gpu=GpuInfo.cpu()))
     assert not fatal and record.status == "passed", record.reason
-    assert seen and set(seen) == {("lib-of-this-build", heads, halves)}
+    assert seen and set(seen) == {("lib-of-this-build", heads)}
     assert record.check.tolerance == TOLERANCE == backend.tolerance and record.check.rel_error <= TOLERANCE
     assert record.traffic.bytes == backend.traffic(case).total
     assert record.timing.timing_method == "cpu" and record.timing.p10_us <= record.timing.median_us
