@@ -978,7 +978,14 @@ struct SStream {
     for (int hp = 0; hp < T::HP; ++hp) mbar_wait(&s.full[ring.slot_of(hp)], ring.phase_of(hp));
   }
   // The current trip's stages back to the producer, once every lane of the warp is done with them.
+  // The fence first: ptxas issues the arrive without waiting for the lane's loads of the stage
+  // still in flight (whose results the code after it uses), and the producer's next copy into
+  // the slot then overwrote data those loads had not yet read. Without it the paired K
+  // token-wise / V channel-wise kernels returned a wrong output in 0.03-8 % of launches (the
+  // parameters of channel-wise V are loaded last in a trip); with it none in 4000
+  // (scripts/probe_race.py; docs/PERFORMANCE.md, twelfth session, v31).
   __device__ __forceinline__ void release() const {
+    fence_acq_rel_cta();
     __syncwarp();
     if (L.lane == 0) {
 #pragma unroll

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <climits>
@@ -362,6 +363,7 @@ inline void mbar_init(uint64_t* bar, uint32_t arrivals) {
   m.expected = m.pending = static_cast<int>(arrivals);
 }
 inline void mbar_init_fence() {}
+inline void fence_acq_rel_cta() { std::atomic_thread_fence(std::memory_order_acq_rel); }
 inline void mbar_arrive(uint64_t* bar) {
   using namespace ::foscar_emu;
   std::lock_guard<std::mutex> lk(tls().cta->mbar_mu);

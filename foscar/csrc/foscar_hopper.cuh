@@ -169,6 +169,9 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t arrivals) {
 }
 // Makes initialised barriers visible to the async proxy (the copy engine).
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// Orders this thread's earlier memory accesses, loads whose results are still in flight included,
+// before its later ones (MEMBAR.ALL.CTA).
+__device__ __forceinline__ void fence_acq_rel_cta() { asm volatile("fence.acq_rel.cta;\n" ::: "memory"); }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
