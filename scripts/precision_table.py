@@ -12,6 +12,13 @@ heads of sequence 0 (the H200 run covers all 8): a quarter of the work, the same
 prints instead the error of PV's probability operand in each form of precision.PV_OPERAND_FORMS
 (fp16, unsigned 8-bit integers with E per step or per run, e4m3) against float64 attention, per
 width, V mode, data (Gaussian, peaked) and context, and the u8-run int32 accumulators' headroom.
+
+    PYTHONPATH=. python3 scripts/precision_table.py --pv-chains [--lengths 32768 131072]
+
+prints the model's error when each warp's PV products chain on the Tensor Cores before the fp32
+fold, token-wise V (K and V token-wise, group 128, two KV heads of sequence 0): one k-step (the
+kernels since v23), two (a 32-token trip), or a warp's whole split of n chunks (C = the running
+output).
 """
 from __future__ import annotations
 
@@ -62,13 +69,36 @@ def pv_operand_table(lengths: list[int], seed: int = 0) -> None:
                       for b in (2, 4)) + f"; int32 max {precision.INT32_MAX}.")
 
 
+def pv_chain_table(lengths: list[int], seed: int = 0) -> None:
+    """Markdown table of precision.model_error with chains of one k-step, two, and a warp's
+    split of 42, 171, 512 or 2048 chunks, per width and context."""
+    def chained(name: str, plan) -> precision.VArithmetic:
+        return precision.VArithmetic(name, centred=False, chains=plan, operand="fp16-subnormal")
+    forms = [("1 k-step", precision.CURRENT), ("2 k-steps", chained("2", precision.sequential_chains(32)))]
+    forms += [(f"split of {n}", chained(str(n), precision.warp_chains(n))) for n in (42, 171, 512, 2048)]
+    print("| context | bits | " + " | ".join(name for name, _ in forms) + " |")
+    print("| --- | --- |" + " --- |" * len(forms))
+    for kv_len in lengths:
+        inp = synthetic.make_inputs(1, kv_len, seed=seed)
+        ratio = inp.q.shape[1] // inp.k.shape[2]
+        q = inp.q[:1, : ratio * 2].contiguous()
+        k, v = inp.k[:1, :, :2].contiguous(), inp.v[:1, :, :2].contiguous()
+        for bits in (4, 2):
+            cfg = QuantConfig(bits=bits, group_size=128, k_mode="token", v_mode="token", page_size=128)
+            cache = foscar.quantize(k, v, [kv_len], cfg)
+            errs = [precision.model_error(q, cache, arith) for _, arith in forms]
+            print(f"| {kv_len // 1024}K | INT{bits} | " + " | ".join(f"{e:.2e}" for e in errs) + " |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--h200", type=Path, help="rows written by scripts/accuracy_long.py --json")
     ap.add_argument("--pv-u8", action="store_true",
                     help="print the PV operand forms' table (precision.PV_OPERAND_FORMS) instead; no --h200")
+    ap.add_argument("--pv-chains", action="store_true",
+                    help="print the error of PV chained over 1, 2 or a split's k-steps instead; no --h200")
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 32768, 131072],
-                    help="contexts for --pv-u8 (multiples of 128)")
+                    help="contexts for --pv-u8 and --pv-chains (multiples of 128)")
     ap.add_argument("--seed", type=int, default=0, help="the data's seed for --pv-u8")
     ap.add_argument("--heads", type=int, default=2, help="KV heads modelled (of the run's 8)")
     ap.add_argument("--json", type=Path, help="write the modelled rows here")
@@ -77,8 +107,11 @@ def main() -> None:
     if args.pv_u8:
         pv_operand_table(args.lengths, args.seed)
         return
+    if args.pv_chains:
+        pv_chain_table(args.lengths, args.seed)
+        return
     if args.h200 is None:
-        ap.error("--h200 is required (or --pv-u8)")
+        ap.error("--h200 is required (or --pv-u8, --pv-chains)")
 
     rows = json.loads(args.h200.read_text())
     ours = [r for r in rows if r["backend"].startswith("foscar")]
