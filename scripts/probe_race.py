@@ -5,8 +5,9 @@ warp's 16 tokens left out) the wrong output is nearest to.
 
 The inputs are test_batch_129_and_forced_splits's (tests/foscar/test_kernels_gpu.py, seed
 488434680): batch 129, 8 KV heads, 4 query heads per KV head (paired items), page 256, lengths up
-to 549 tokens with BF16 tails. On the H200 its INT4 K token-wise / V channel-wise kernel at four
-CTAs per SM gave a wrong output in 0.1-4 % of launches (docs/PERFORMANCE.md, twelfth session).
+to 549 tokens with BF16 tails. Before v31 (a fence before each stage's release) the paired K
+token-wise / V channel-wise kernels gave a wrong output there in 0.03-8 % of launches, INT4 and
+INT2 (docs/PERFORMANCE.md, twelfth session).
 
     python3 scripts/probe_race.py --launches 2000 --modes 4tc [--no-tail] \\
         [--library prev=.foscar-cache/<key>/libfoscar.so] [--json out.json]

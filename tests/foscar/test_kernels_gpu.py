@@ -95,9 +95,9 @@ def test_paired_heads_match_reference(bits, k_mode, v_mode, ratio):
 @pytest.mark.parametrize("bits,k_mode,v_mode", [(4, "token", "channel"), (4, "channel", "token"), (2, "token", "channel")])
 def test_repeated_launches_give_the_same_bits(bits, k_mode, v_mode):
     # The kernels are deterministic: launched again on the same inputs they must give the same
-    # bits. Batch 129's short sequences with BF16 tails, paired items (seed 488434680, where INT4
-    # K token-wise / V channel-wise at four CTAs per SM gave a wrong output in 0.1-4 % of
-    # launches: scripts/probe_race.py, docs/PERFORMANCE.md twelfth session).
+    # bits. Batch 129's short sequences with BF16 tails, paired items (seed 488434680, where the
+    # K token-wise / V channel-wise kernels gave a wrong output in 0.03-8 % of launches before
+    # v31's fence: scripts/probe_race.py, docs/PERFORMANCE.md twelfth session).
     seed, config, lens, hkv, ratio = _case(bits, 128, k_mode, v_mode, batch=129, ratio=4, seed=488434680)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     k = torch.randn(129, max(lens), hkv, 128, device="cuda", generator=gen).to(torch.bfloat16)
