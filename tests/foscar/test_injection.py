@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from foscar import packing
-from foscar.build import DEFAULT_ARCH, NVCC_FLAGS, BuildError, CSRC, find_nvcc
+from foscar.build import CSRC, BuildError, find_nvcc
 
 HERE = Path(__file__).resolve().parent
 
@@ -52,21 +52,11 @@ def test_the_kernels_int8_k_read_is_the_packing_one(injection_run):
         assert (shift, mask) == sched[(2 * ks + col // 16) % len(sched)], (bits, ks, col)
 
 
-def test_the_p_conversions_keep_fp16_subnormals_under_fast_math(tmp_path):
+def test_the_p_conversions_keep_fp16_subnormals_under_fast_math(library_ptx):
     """P~ = p s is often below fp16's smallest normal: the kernels convert it with pack_f16x2,
     built like the library (--use_fast_math, sm_90a), whose PTX must be cvt.rn.f16x2.f32 and never
     a flushing .ftz form of an fp16 conversion."""
-    try:
-        nvcc = find_nvcc()
-    except BuildError:
-        pytest.skip("nvcc is not installed")
-    src = tmp_path / "pack.cu"
-    src.write_text('#include "foscar_common.cuh"\n'
-                   "__global__ void k(const float* x, unsigned* y) { y[0] = foscar::pack_f16x2(x[0], x[1]); }\n")
-    ptx = tmp_path / "pack.ptx"
-    build = subprocess.run([nvcc, *NVCC_FLAGS, f"-arch={DEFAULT_ARCH}", f"-I{CSRC}", "-ptx", str(src), "-o", str(ptx)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr[-3000:]
-    text = ptx.read_text()
+    text = library_ptx('#include "foscar_common.cuh"\n'
+                       "__global__ void k(const float* x, unsigned* y) { y[0] = foscar::pack_f16x2(x[0], x[1]); }\n")
     assert "cvt.rn.f16x2.f32" in text
     assert "cvt.rn.ftz.f16" not in text and "cvt.ftz.rn.f16" not in text

@@ -7,30 +7,18 @@ library (foscar.build's flags, sm_90a), the kernel that raced and the default mo
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
-
-from foscar.build import CSRC, DEFAULT_ARCH, NVCC_FLAGS, BuildError, find_nvcc
 
 ARRIVE = "mbarrier.arrive.shared::cta.b64"  # the plain arrive: the consumers' release (the producer's carries expect_tx)
 FENCE = "fence.acq_rel.cta"
 
 
 @pytest.mark.parametrize("instance", ["2, 128, false, true, false, 2", "4, 128, true, false, false, 2"])
-def test_every_release_follows_a_fence(tmp_path, instance):
-    try:
-        nvcc = find_nvcc()
-    except BuildError:
-        pytest.skip("nvcc is not installed")
-    src = tmp_path / "ring.cu"
-    src.write_text('#include "foscar_decode.cuh"\n'
-                   f"void* keep() {{ return (void*)&foscar::foscar_decode_kernel<{instance}>; }}\n")
-    ptx = tmp_path / "ring.ptx"
-    build = subprocess.run([nvcc, *NVCC_FLAGS, f"-arch={DEFAULT_ARCH}", f"-I{CSRC}", "-ptx", str(src), "-o", str(ptx)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr[-3000:]
-    lines = [line.strip() for line in ptx.read_text().splitlines()]
+def test_every_release_follows_a_fence(library_ptx, instance):
+    text = library_ptx('#include "foscar_decode.cuh"\n'
+                       f"void* keep() {{ return (void*)&foscar::foscar_decode_kernel<{instance}>; }}\n")
+    lines = [line.strip() for line in text.splitlines()]
     arrives = [i for i, line in enumerate(lines) if line.startswith(ARRIVE)]
     assert arrives, f"no {ARRIVE} in the PTX of foscar_decode_kernel<{instance}>"
     for i in arrives:
