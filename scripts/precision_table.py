@@ -36,6 +36,14 @@ from foscar.config import QuantConfig  # noqa: E402
 
 
 
+def first_heads(batch: int, kv_len: int, seed: int, heads: int):
+    """(q, k, v) of sequence 0's first `heads` KV heads in the sweep's data (foscar.synthetic)."""
+    inp = synthetic.make_inputs(batch, kv_len, seed=seed)
+    ratio = inp.q.shape[1] // inp.k.shape[2]
+    return (inp.q[:1, : ratio * heads].contiguous(), inp.k[:1, :, :heads].contiguous(),
+            inp.v[:1, :, :heads].contiguous())
+
+
 def pv_operand_table(lengths: list[int], seed: int = 0) -> None:
     """Markdown tables of precision.pv_operand_errors: relative L2 error of O before / after bf16
     rounding per form, width, V mode, data and context; then u8-run's runs and accumulators."""
@@ -79,10 +87,7 @@ def pv_chain_table(lengths: list[int], seed: int = 0) -> None:
     print("| context | bits | " + " | ".join(name for name, _ in forms) + " |")
     print("| --- | --- |" + " --- |" * len(forms))
     for kv_len in lengths:
-        inp = synthetic.make_inputs(1, kv_len, seed=seed)
-        ratio = inp.q.shape[1] // inp.k.shape[2]
-        q = inp.q[:1, : ratio * 2].contiguous()
-        k, v = inp.k[:1, :, :2].contiguous(), inp.v[:1, :, :2].contiguous()
+        q, k, v = first_heads(1, kv_len, seed, 2)
         for bits in (4, 2):
             cfg = QuantConfig(bits=bits, group_size=128, k_mode="token", v_mode="token", page_size=128)
             cache = foscar.quantize(k, v, [kv_len], cfg)
@@ -99,7 +104,7 @@ def main() -> None:
                     help="print the error of PV chained over 1, 2 or a split's k-steps instead; no --h200")
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 32768, 131072],
                     help="contexts for --pv-u8 and --pv-chains (multiples of 128)")
-    ap.add_argument("--seed", type=int, default=0, help="the data's seed for --pv-u8")
+    ap.add_argument("--seed", type=int, default=0, help="the data's seed for --pv-u8 and --pv-chains")
     ap.add_argument("--heads", type=int, default=2, help="KV heads modelled (of the run's 8)")
     ap.add_argument("--json", type=Path, help="write the modelled rows here")
     ap.add_argument("--markdown", action="store_true", help="print the table for docs/PERFORMANCE.md")
@@ -125,10 +130,7 @@ def main() -> None:
     modelled = []
     for kv_len in sorted({r["kv_len"] for r in ours}):
         t0 = time.time()
-        inp = synthetic.make_inputs(batch, kv_len, seed=seed)
-        ratio = inp.q.shape[1] // inp.k.shape[2]
-        q = inp.q[:1, : ratio * args.heads].contiguous()
-        k, v = inp.k[:1, :, : args.heads].contiguous(), inp.v[:1, :, : args.heads].contiguous()
+        q, k, v = first_heads(batch, kv_len, seed, args.heads)
         for r in (r for r in ours if r["kv_len"] == kv_len):
             tag = r["mode"]  # QuantConfig.tag, e.g. int4-g128-kc-vt
             cache = foscar.quantize(k, v, [kv_len], configs[tag])

@@ -39,7 +39,8 @@ def _case(bits, group, k_mode, v_mode, *, batch=None, ratio=None, seed=None):
     return seed, config, lens, num_kv_heads, ratio
 
 
-def _run(config, lens, num_kv_heads, ratio, seed, variant="fold", num_splits=None, shuffle=True, kv_heads_per_item=None):
+def _inputs(config, lens, num_kv_heads, ratio, seed, shuffle=True):
+    """(q, cache) on the GPU, drawn from `seed`."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     batch, dim, max_len = len(lens), 128, max(lens)
     k = torch.randn(batch, max_len, num_kv_heads, dim, device="cuda", generator=gen).to(torch.bfloat16)
@@ -47,7 +48,11 @@ def _run(config, lens, num_kv_heads, ratio, seed, variant="fold", num_splits=Non
     # Per-channel outliers, as real keys have, so channel-wise groups matter.
     k = k * (1 + 4 * torch.rand(dim, device="cuda", generator=gen)).to(torch.bfloat16)
     q = torch.randn(batch, num_kv_heads * ratio, dim, device="cuda", generator=gen).to(torch.bfloat16)
-    cache = foscar.quantize(k, v, lens, config, shuffle_pages=shuffle, seed=seed)
+    return q, foscar.quantize(k, v, lens, config, shuffle_pages=shuffle, seed=seed)
+
+
+def _run(config, lens, num_kv_heads, ratio, seed, variant="fold", num_splits=None, shuffle=True, kv_heads_per_item=None):
+    q, cache = _inputs(config, lens, num_kv_heads, ratio, seed, shuffle)
     out = torch.full_like(q, float("nan"))  # poison: an element never written fails
     foscar.decode(q, cache, out=out, variant=variant, num_splits=num_splits, kv_heads_per_item=kv_heads_per_item)
     torch.cuda.synchronize()
@@ -99,12 +104,7 @@ def test_repeated_launches_give_the_same_bits(bits, k_mode, v_mode):
     # K token-wise / V channel-wise kernels gave a wrong output in 0.03-8 % of launches before
     # v31's fence: scripts/probe_race.py, docs/PERFORMANCE.md twelfth session).
     seed, config, lens, hkv, ratio = _case(bits, 128, k_mode, v_mode, batch=129, ratio=4, seed=488434680)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    k = torch.randn(129, max(lens), hkv, 128, device="cuda", generator=gen).to(torch.bfloat16)
-    v = torch.randn(129, max(lens), hkv, 128, device="cuda", generator=gen).to(torch.bfloat16)
-    k = k * (1 + 4 * torch.rand(128, device="cuda", generator=gen)).to(torch.bfloat16)  # as _run draws them
-    q = torch.randn(129, hkv * ratio, 128, device="cuda", generator=gen).to(torch.bfloat16)
-    cache = foscar.quantize(k, v, lens, config, shuffle_pages=True, seed=seed)
+    q, cache = _inputs(config, lens, hkv, ratio, seed)
     first = foscar.decode(q, cache)
     for launch in range(300):
         out = foscar.decode(q, cache)
