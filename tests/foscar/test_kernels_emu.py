@@ -94,6 +94,20 @@ def test_forced_splits_and_many_sequences(bits, k_mode, v_mode):
         assert err <= TOLERANCE, f"seed={seed} lens={lens} splits={splits}: {err:.2e}"
 
 
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("k_mode,v_mode", MODES)
+def test_one_sm_runs_many_items_per_cta(bits, group, k_mode, v_mode):
+    # Every CTA runs many items in turn (num_sms=1), some splits holding no token: what a CTA
+    # carries from item to item (the ring's cursors, the K side's state) must line up in every
+    # mode.
+    seed, config, lens, hkv, ratio = _case(bits, group, k_mode, v_mode, batch=3, ratio=4, max_len=600)
+    q, cache = _data(config, lens, hkv, ratio, seed)
+    for splits in (1, 5):
+        err = _error(q, cache, lens, num_splits=splits, num_sms=1)
+        assert err <= TOLERANCE, f"seed={seed} lens={lens} hkv={hkv} splits={splits}: {err:.2e}"
+
+
 def test_many_splits_leave_merge_remainders():
     # The split merge loads 8 splits per step (the one-head kernels: float4, a warp per column,
     # two columns a warp at 8 columns; the paired ones: 4 splits of 8 columns): 13 and 17 splits
