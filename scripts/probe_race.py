@@ -18,7 +18,6 @@ import argparse
 import ctypes
 import json
 import math
-import random
 import sys
 from pathlib import Path
 
@@ -27,27 +26,19 @@ import torch  # noqa: E402
 
 import foscar  # noqa: E402
 from foscar import kernels  # noqa: E402
-from foscar.config import QuantConfig  # noqa: E402
+from foscar.testcases import case_inputs, gpu_case  # noqa: E402
 
 SEED, BATCH, RATIO, DIM = 488434680, 129, 4, 128
 MODES = {"t": "token", "c": "channel"}
 
 
 def inputs(bits: int, k_mode: str, v_mode: str, no_tail: bool):
-    rng = random.Random(SEED)  # the GPU test's _case(bits, 128, ..., batch=129, ratio=4)
-    hkv = rng.choice([1, 2, 8])
-    page = rng.choice([p for p in (64, 128, 256) if p % 128 == 0])
-    lens = [rng.randrange(1, 3 * page + 128 + 37) for _ in range(BATCH)]
+    """The GPU test's case (foscar.testcases), its lengths cut to whole groups with no_tail."""
+    config, lens, hkv, ratio = gpu_case(bits, 128, k_mode, v_mode, SEED, batch=BATCH, ratio=RATIO)
     if no_tail:
         lens = [max(128, n - n % 128) for n in lens]
-    config = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=page)
-    gen = torch.Generator(device="cuda").manual_seed(SEED)
-    max_len = max(lens)
-    k = torch.randn(BATCH, max_len, hkv, DIM, device="cuda", generator=gen).to(torch.bfloat16)
-    v = torch.randn(BATCH, max_len, hkv, DIM, device="cuda", generator=gen).to(torch.bfloat16)
-    k = k * (1 + 4 * torch.rand(DIM, device="cuda", generator=gen)).to(torch.bfloat16)
-    q = torch.randn(BATCH, hkv * RATIO, DIM, device="cuda", generator=gen).to(torch.bfloat16)
-    return q, foscar.quantize(k, v, lens, config, shuffle_pages=True, seed=SEED), lens
+    q, cache = case_inputs(config, lens, hkv, ratio, SEED, device="cuda")
+    return q, cache, lens
 
 
 def nearest_partial(q, cache, lens, b: int, kvh: int, out) -> str:

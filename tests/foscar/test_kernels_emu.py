@@ -19,6 +19,7 @@ from foscar import emu
 from foscar.build import BuildError
 from foscar.config import QuantConfig
 from foscar.reference import attention_f64
+from foscar.testcases import case_inputs
 
 TOLERANCE = 4e-3  # relative L2 vs float64 over the same dequantized cache: bf16 rounding level
 MODES = [("token", "token"), ("token", "channel"), ("channel", "token"), ("channel", "channel")]
@@ -53,15 +54,7 @@ def _case(bits, group, k_mode, v_mode, *, batch=None, ratio=None, max_len=None, 
 
 
 def _data(config, lens, num_kv_heads, ratio, seed):
-    gen = torch.Generator().manual_seed(seed)
-    batch, dim, max_len = len(lens), 128, max(lens)
-    k = torch.randn(batch, max_len, num_kv_heads, dim, generator=gen).to(torch.bfloat16)
-    v = torch.randn(batch, max_len, num_kv_heads, dim, generator=gen).to(torch.bfloat16)
-    # Per-channel outliers, as real keys have, so channel-wise groups matter.
-    k = k * (1 + 4 * torch.rand(dim, generator=gen)).to(torch.bfloat16)
-    q = torch.randn(batch, num_kv_heads * ratio, dim, generator=gen).to(torch.bfloat16)
-    cache = foscar.quantize(k, v, lens, config, shuffle_pages=True, seed=seed)
-    return q, cache
+    return case_inputs(config, lens, num_kv_heads, ratio, seed)
 
 
 def _error(q, cache, lens, **kwargs):

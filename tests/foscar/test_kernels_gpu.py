@@ -10,6 +10,7 @@ import torch
 import foscar
 from foscar.config import QuantConfig
 from foscar.reference import attention_f64
+from foscar.testcases import case_inputs, gpu_case
 
 pytestmark = pytest.mark.gpu
 
@@ -28,27 +29,12 @@ RNG = random.Random()  # fresh shapes every run; the failing seed is printed by 
 
 def _case(bits, group, k_mode, v_mode, *, batch=None, ratio=None, seed=None):
     seed = RNG.randrange(1 << 30) if seed is None else seed
-    rng = random.Random(seed)
-    batch = batch or rng.choice([1, 2, 3, 5])
-    ratio = ratio or rng.choice([1, 4, 8])
-    num_kv_heads = rng.choice([1, 2, 8]) if ratio < 8 else rng.choice([1, 2])
-    page = rng.choice([p for p in (64, 128, 256) if p % group == 0])
-    # Lengths that are not multiples of the group or page size, unequal within the batch.
-    lens = [rng.randrange(1, 3 * page + group + 37) for _ in range(batch)]
-    config = QuantConfig(bits=bits, group_size=group, k_mode=k_mode, v_mode=v_mode, page_size=page)
-    return seed, config, lens, num_kv_heads, ratio
+    return (seed, *gpu_case(bits, group, k_mode, v_mode, seed, batch=batch, ratio=ratio))
 
 
 def _inputs(config, lens, num_kv_heads, ratio, seed, shuffle=True):
     """(q, cache) on the GPU, drawn from `seed`."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    batch, dim, max_len = len(lens), 128, max(lens)
-    k = torch.randn(batch, max_len, num_kv_heads, dim, device="cuda", generator=gen).to(torch.bfloat16)
-    v = torch.randn(batch, max_len, num_kv_heads, dim, device="cuda", generator=gen).to(torch.bfloat16)
-    # Per-channel outliers, as real keys have, so channel-wise groups matter.
-    k = k * (1 + 4 * torch.rand(dim, device="cuda", generator=gen)).to(torch.bfloat16)
-    q = torch.randn(batch, num_kv_heads * ratio, dim, device="cuda", generator=gen).to(torch.bfloat16)
-    return q, foscar.quantize(k, v, lens, config, shuffle_pages=shuffle, seed=seed)
+    return case_inputs(config, lens, num_kv_heads, ratio, seed, device="cuda", shuffle=shuffle)
 
 
 def _run(config, lens, num_kv_heads, ratio, seed, variant="fold", num_splits=None, shuffle=True, kv_heads_per_item=None):
