@@ -101,6 +101,22 @@ def test_one_sm_runs_many_items_per_cta(bits, group, k_mode, v_mode):
         assert err <= TOLERANCE, f"seed={seed} lens={lens} hkv={hkv} splits={splits}: {err:.2e}"
 
 
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("v_mode", ["token", "channel"])
+@pytest.mark.parametrize("heads", [1, 2])
+def test_ctas_whose_first_items_hold_no_chunk(bits, v_mode, heads):
+    # The first sequences are shorter than a group: their items hold no packed chunk (only the
+    # BF16 tail), so each CTA's first chunk is a later item's. What the CTA loads for its first
+    # item ahead of the item's length (the producer's early page, fill_stage) must not stand in
+    # for that later item's page; shuffled pages tell them apart.
+    seed, config, _, _, _ = _case(bits, 128, "channel", v_mode, ratio=4, seed=RNG.randrange(1 << 30))
+    config = QuantConfig(bits=bits, group_size=128, k_mode="channel", v_mode=v_mode, page_size=128)
+    lens = [70, 100, 90, 600, 450, 300]
+    q, cache = _data(config, lens, 2, 4, seed)
+    err = _error(q, cache, lens, num_splits=1, num_sms=1, kv_heads_per_item=heads)
+    assert err <= TOLERANCE, f"seed={seed} lens={lens}: {err:.2e}"
+
+
 def test_many_splits_leave_merge_remainders():
     # The split merge loads 8 splits per step (the one-head kernels: float4, a warp per column,
     # two columns a warp at 8 columns; the paired ones: 4 splits of 8 columns): 13 and 17 splits
