@@ -107,8 +107,8 @@ def test_one_sm_runs_many_items_per_cta(bits, group, k_mode, v_mode):
 def test_ctas_whose_first_items_hold_no_chunk(bits, v_mode, heads):
     # The first sequences are shorter than a group: their items hold no packed chunk (only the
     # BF16 tail), so each CTA's first chunk is a later item's. What the CTA loads for its first
-    # item ahead of the item's length (the producer's early page, fill_stage) must not stand in
-    # for that later item's page; shuffled pages tell them apart.
+    # item ahead of the item's length (the early page) must not stand in for that later item's
+    # page; shuffled pages tell them apart.
     seed, config, _, _, _ = _case(bits, 128, "channel", v_mode, ratio=4, seed=RNG.randrange(1 << 30))
     config = QuantConfig(bits=bits, group_size=128, k_mode="channel", v_mode=v_mode, page_size=128)
     lens = [70, 100, 90, 600, 450, 300]
