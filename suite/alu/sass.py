@@ -377,6 +377,10 @@ class StaticCounts:
     half_rate_fma: int = 0
     unknown_opcodes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Local-memory instructions (STL, LDL: ptxas's spills and stack arrays) in the body counted,
+    # and in the whole kernel (every role of a warp-specialised kernel, not only the loop's).
+    local_in_body: int = 0
+    local_in_kernel: int = 0
 
     @property
     def alu_per_elem(self) -> float | None:
@@ -388,6 +392,14 @@ class StaticCounts:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "alu_per_elem": self.alu_per_elem, "inst_per_elem": self.inst_per_elem}
+
+
+LOCAL_OPCODES = ("LDL", "STL")
+
+
+def count_local(instructions: Iterable[Instruction]) -> int:
+    """Local-memory loads and stores among `instructions`."""
+    return sum(1 for i in instructions if i.opcode in LOCAL_OPCODES)
 
 
 def count(instructions: Iterable[Instruction]) -> tuple[dict, dict, dict, int, list[str]]:
@@ -444,6 +456,7 @@ def analyze_function(
         loop=(chosen.start, chosen.end) if chosen else None, n_instructions=len(ins),
         by_class=by_class, by_pipe=by_pipe, by_opcode=by_opcode, half_rate_fma=half,
         unknown_opcodes=unknown, notes=notes,
+        local_in_body=count_local(ins), local_in_kernel=count_local(func.instructions),
     )
     if unknown:
         notes.append(f"opcodes not in suite/alu/isa.py, counted as 'other': {', '.join(unknown)}")

@@ -63,9 +63,10 @@ def short_name(name: str) -> str:
 def _static_table(rows: list[dict]):
     from rich.table import Table
 
-    table = Table(title="static SASS counts (main loop per thread; per element = / KV elements per trip)")
+    table = Table(title="static SASS counts (main loop per thread; per element = / KV elements per trip; "
+                        "local = STL/LDL in the loop / in the whole kernel)")
     for col in ("kernel", "loop", "insts", "alu", "fma", "xu", "tensor", "mem", "ctl", "unif",
-                "elems", "ALU/elem", "inst/elem"):
+                "local", "elems", "ALU/elem", "inst/elem"):
         table.add_column(col, justify="left" if col in ("kernel", "loop") else "right")
     for r in rows:
         c = r["by_class"]
@@ -73,7 +74,7 @@ def _static_table(rows: list[dict]):
         table.add_row(
             short_name(r["name"]), loop, str(r["n_instructions"]), str(c["alu"]), str(c["fma"]), str(c["xu"]),
             str(c["tensor"]), str(c["memory"]), str(c["control"]), str(c["uniform"]),
-            _fmt(r.get("elems_per_body"), 0), _fmt(r.get("alu_per_elem")), _fmt(r.get("inst_per_elem")),
+            f"{r.get('local_in_body', 0)}/{r.get('local_in_kernel', 0)}", _fmt(r.get("elems_per_body"), 0), _fmt(r.get("alu_per_elem")), _fmt(r.get("inst_per_elem")),
         )
     return table
 

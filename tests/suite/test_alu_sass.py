@@ -173,3 +173,31 @@ def test_a_wgmma_main_loop_beats_a_tail_loop_though_a_rebuild_loop_nests_in_it()
     (f,) = parse_sass(NESTED_REBUILD)
     assert Loop(0x50, 0x80) in find_loops(f) and Loop(0xE0, 0x120) in find_loops(f)
     assert main_loop(f, 16) == Loop(0x10, 0xD0)
+
+
+SPILLING_ROLES = """
+	code for sm_90a
+		Function : roles_demo
+        /*0000*/                    LDC R1, c[0x0][0x28] ;
+        /*0010*/                    STL [R1], R4 ;
+        /*0020*/                    LDS.128 R8, [R5] ;
+        /*0030*/                    LDL R4, [R1] ;
+        /*0040*/                    WARPGROUP.ARRIVE ;
+        /*0050*/                    HGMMA.64x8x16.F32 R24, R8, gdesc[UR12], R24, gsb0 ;
+        /*0060*/                    WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0070*/                @P0 BRA 0x20 ;
+        /*0080*/                    STL [R1+0x4], R9 ;
+        /*0090*/                    LDL.LU R9, [R1+0x4] ;
+        /*00a0*/                    STL.64 [R1+0x8], R10 ;
+        /*00b0*/                    EXIT ;
+"""
+
+
+def test_local_memory_is_counted_in_the_loop_and_in_the_kernel():
+    # A spill inside the main loop costs every trip; the others (another role's, say) are
+    # counted in the kernel's total.
+    (f,) = parse_sass(SPILLING_ROLES)
+    res = analyze_function(f, 8)
+    assert res.loop == (0x20, 0x70)
+    assert (res.local_in_body, res.local_in_kernel) == (1, 5)
+    assert analyze_function(f, scope="kernel").local_in_body == 5
