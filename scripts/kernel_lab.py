@@ -88,11 +88,22 @@ def ctas(lib, bits: int) -> str:
     return "/".join(str(lib.foscar_ctas_per_sm(bits, 128, 1, 0, 0, hp)) for hp in (1, 2))
 
 
+def profiled(variants: list, prebuilt: dict[str, str], name: str) -> tuple[list, dict[str, str]]:
+    """--profile NAME: the one build or prebuilt library of that name, the others dropped."""
+    variants = [v for v in variants if v[0] == name]
+    prebuilt = {n: path for n, path in prebuilt.items() if n == name}
+    if not variants and not prebuilt:
+        raise SystemExit(f"--profile {name!r} names no --variant and no --prebuilt")
+    return variants, prebuilt
+
+
 def build_variants(variants: list[tuple[str, tuple[str, ...]]]) -> dict:
     """name -> loaded library, each build's registers and spills printed."""
     from foscar import kernels
     from foscar.build import build
 
+    if not variants:  # only prebuilt libraries (--profile of one)
+        return {}
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=len(variants)) as pool:  # builds in parallel, then loads from the cache
         builds = list(pool.map(lambda v: build(ARCH, defines=v[1]), variants))
@@ -292,10 +303,9 @@ def main() -> int:
     variants = [parse_variant(v) for v in (args.variant or ["base="])]
     if args.profile and args.timeline:
         raise SystemExit("--profile and --timeline each run one variant their own way: pass one")
+    prebuilt = parse_prebuilt(args.prebuilt)
     if args.profile:
-        variants = [v for v in variants if v[0] == args.profile]
-        if not variants:
-            raise SystemExit(f"--profile {args.profile!r} names no --variant")
+        variants, prebuilt = profiled(variants, prebuilt, args.profile)
     if args.timeline:
         variants = [(n, d if TIMELINE_KNOB in d else (*d, TIMELINE_KNOB)) for n, d in variants if n == args.timeline]
         if not variants:
@@ -308,9 +318,8 @@ def main() -> int:
     if any(n is not None and n < 1 for n in splits):
         raise SystemExit(f"--splits {args.splits!r}: split counts must be >= 1")
     heads = parse_heads(args.heads_per_item)
-    prebuilt = parse_prebuilt(args.prebuilt)
-    if args.profile or args.timeline:  # those run the one variant they name
-        prebuilt = {name: path for name, path in prebuilt.items() if name in (args.profile, args.timeline)}
+    if args.timeline:  # it runs the one build it names
+        prebuilt = {}
     cases = {spec: make_case(args, spec) for spec in specs}  # a bad config fails before any build
 
     from baselines.foscar import FoscarVariant

@@ -35,6 +35,16 @@ def test_command_line(lab):
     assert (case.bits, case.k_mode, case.v_mode, case.model, case.page_size) == (2, "token", "channel", "llama3-8b", 128)
 
 
+def test_profile_picks_a_build_or_a_prebuilt_library(lab):
+    variants = [("base", ()), ("knob", ("-DX=1",))]
+    prebuilt = {"old": "/tmp/old/libfoscar.so"}
+    assert lab.profiled(variants, prebuilt, "knob") == ([("knob", ("-DX=1",))], {})
+    assert lab.profiled(variants, prebuilt, "old") == ([], {"old": "/tmp/old/libfoscar.so"})
+    with pytest.raises(SystemExit, match="'nope' names no --variant and no --prebuilt"):
+        lab.profiled(variants, prebuilt, "nope")
+    assert lab.build_variants([]) == {}
+
+
 @pytest.mark.parametrize("heads", [None, 2])
 def test_a_variant_is_measured_by_the_harness(lab, monkeypatch, heads):
     """A FoscarVariant through suite.runner.measure: the library it names reaches
