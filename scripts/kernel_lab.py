@@ -310,6 +310,7 @@ def main() -> int:
         variants = [(n, d if TIMELINE_KNOB in d else (*d, TIMELINE_KNOB)) for n, d in variants if n == args.timeline]
         if not variants:
             raise SystemExit(f"--timeline {args.timeline!r} names no --variant")
+        prebuilt = {}  # a timeline needs its knob built in: only this tree's builds carry it
     specs = args.configs.split(",")
     try:
         splits = [None] if not args.splits else [int(n) for n in args.splits.split(",")]
@@ -318,8 +319,6 @@ def main() -> int:
     if any(n is not None and n < 1 for n in splits):
         raise SystemExit(f"--splits {args.splits!r}: split counts must be >= 1")
     heads = parse_heads(args.heads_per_item)
-    if args.timeline:  # it runs the one build it names
-        prebuilt = {}
     cases = {spec: make_case(args, spec) for spec in specs}  # a bad config fails before any build
 
     from baselines.foscar import FoscarVariant

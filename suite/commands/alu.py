@@ -74,7 +74,8 @@ def _static_table(rows: list[dict]):
         table.add_row(
             short_name(r["name"]), loop, str(r["n_instructions"]), str(c["alu"]), str(c["fma"]), str(c["xu"]),
             str(c["tensor"]), str(c["memory"]), str(c["control"]), str(c["uniform"]),
-            f"{r.get('local_in_body', 0)}/{r.get('local_in_kernel', 0)}", _fmt(r.get("elems_per_body"), 0), _fmt(r.get("alu_per_elem")), _fmt(r.get("inst_per_elem")),
+            f"{r.get('local_in_body', 0)}/{r.get('local_in_kernel', 0)}",
+            _fmt(r.get("elems_per_body"), 0), _fmt(r.get("alu_per_elem")), _fmt(r.get("inst_per_elem")),
         )
     return table
 
