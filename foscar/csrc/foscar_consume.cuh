@@ -564,7 +564,17 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       }
       ss.release();
     };
-    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) trip(c);
+    for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) {
+#if FOSCAR_TIMELINE
+      if (L.tid == 0) {  // how far the item has come (a CTA's rate changes as its SM's others end)
+        const int k = c - w.chunk_begin, n = w.chunk_end - w.chunk_begin;
+        if (k == n / 4) timeline_stamp(p, item, kTlQuarter1);
+        if (k == n / 2) timeline_stamp(p, item, kTlHalf);
+        if (k == 3 * n / 4) timeline_stamp(p, item, kTlQuarter3);
+      }
+#endif
+      trip(c);
+    }
 
     if (L.tid == 0) timeline_stamp(p, item, kTlLastTrip);
     if constexpr (T::kHasTail) {

@@ -78,6 +78,9 @@ enum TimelinePhase : int {
   kTlMergeFenced,    // the merge: past its fence, before the (m, l) loads (the CTA whose split arrived last only)
   kTlMergeWeighted,  // the merge: the splits' weights in shared memory, before the partials' loads (the same)
   kTlMerged,     // the merge of every split written (the CTA whose split arrived last only)
+  kTlQuarter1,   // the consumers begin the item's trip n / 4 (n its trips): its progress, with
+  kTlHalf,       // trip n / 2
+  kTlQuarter3,   // and trip 3 n / 4
   kTimelinePhases
 };
 constexpr int kTimelineItems = 4;

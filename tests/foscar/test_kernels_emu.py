@@ -342,10 +342,10 @@ def test_timeline_knob_stamps_each_ctas_phases():
 
 
 def test_timeline_needs_the_knob_and_the_launchs_size():
-    # 300 tokens, channel-wise: 4 packed chunks, so 2 splits of 2 on 2 CTAs (4 items x 12 phases each).
+    # 300 tokens, channel-wise: 4 packed chunks, so 2 splits of 2 on 2 CTAs (4 items x 15 phases each).
     seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=1, ratio=4)
     q, cache = _data(config, [300], 1, 4, seed)
     with pytest.raises(RuntimeError, match="FOSCAR_TIMELINE=1"):  # the default build records none
-        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(96, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"expected a contiguous torch.int64 tensor of 96 elements \(2 CTAs"):
-        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(96, dtype=torch.int32))
+        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(120, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"expected a contiguous torch.int64 tensor of 120 elements \(2 CTAs"):
+        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(120, dtype=torch.int32))
