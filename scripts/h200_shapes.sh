@@ -4,20 +4,12 @@
 # for every shape; each shape's rows go to $OUT/lab_<tag>_b<batch>_kv<len>[_g<group>].json.
 #   SHAPES="1 131072 4ct,2ct 2;1 4096 4ct 2 64" TAG=c4 \
 #     LAB_ARGS="--prebuilt v31=... --prebuilt c4=..." bash scripts/h200_shapes.sh
-# TIMELINE_SHAPES (the same form, rounds ignored) first records one launch per config with the
-# tree's FOSCAR_TIMELINE=1 build into $OUT/timeline_<tag>_b<batch>_kv<len>.json.gz.
+# Timelines are scripts/h200_lab.sh's (TIMELINE=, TIMELINE_SHAPES=, TIMING=0), in the same call.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-$PWD/.foscar-cache}
 OUT=${OUT:-out}; TAG=${TAG:-lab}; mkdir -p "$OUT"; LOG=$OUT/$TAG.log
 smi() { nvidia-smi --query-gpu=name,uuid,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv,noheader; }
 smi | tee "$LOG"
-IFS=';' read -ra tls <<< "${TIMELINE_SHAPES:-}"
-for shape in "${tls[@]}"; do
-    read -r b kv cfg _ g <<< "$shape"; name=timeline_${TAG}_b${b}_kv${kv}${g:+_g$g}
-    timeout 200 python3 scripts/kernel_lab.py --variant tl=FOSCAR_TIMELINE=1 --timeline tl --configs "$cfg" \
-        --batch "$b" --kv-len "$kv" ${g:+--group "$g"} --json "$OUT/$name.json" 2>&1 | grep -vE '^\{|^merges:' | tee -a "$LOG"
-    gzip -f "$OUT/$name.json"
-done
 IFS=';' read -ra shapes <<< "${SHAPES:-}"
 for shape in "${shapes[@]}"; do
     read -r b kv cfg rounds g <<< "$shape"
