@@ -43,6 +43,10 @@ typedef struct FoscarDecodeArgs {
   uint64_t* timeline;     /* lab knob FOSCAR_TIMELINE only (foscar_decode.cuh): int64 [num_ctas,
                            * kTimelineItems, kTimelinePhases] of %globaltimer stamps, zeroed by the
                            * caller; NULL otherwise */
+  int32_t steal_segment_chunks; /* lab knob FOSCAR_STEAL only: chunks a stealable segment (0: none) */
+  int32_t steal_extra_slots;    /* and thieves' partial slots per split: ws_o and ws_ml hold
+                                 * num_splits (1 + steal_extra_slots) per (sequence, query head), and
+                                 * ws_count num_items 8-byte range words after its counters */
 } FoscarDecodeArgs;
 
 /* Launches the decode on `stream` (splits of one sequence merge in the same launch). Returns 0
@@ -53,6 +57,8 @@ FOSCAR_EXPORT const char* foscar_last_error(void);
  * it), or -1 if it is not built. */
 FOSCAR_EXPORT int foscar_ctas_per_sm(int bits, int group_size, int k_channel, int v_channel, int dequant,
                                      int heads_per_item);
+/* 1 if this build steals the tail (lab knob FOSCAR_STEAL), else 0. */
+FOSCAR_EXPORT int foscar_steals(void);
 /* Dynamic shared memory per CTA of one decode kernel instance, or -1 if it is not built. */
 FOSCAR_EXPORT int foscar_decode_smem_bytes(int bits, int group_size, int k_channel, int v_channel, int dequant,
                                            int heads_per_item);

@@ -422,6 +422,23 @@ __device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const L
   }
 }
 
+// Whether an item's output is written at once (one split; with FOSCAR_STEAL, nor stolen from nor
+// a thief), and otherwise the row of its partials for query head hq0 + hd.
+__device__ __forceinline__ bool direct_output(const DecodeParams& p, const WorkItem& w) {
+#if FOSCAR_STEAL
+  return w.direct;
+#else
+  return p.num_splits == 1;
+#endif
+}
+__device__ __forceinline__ size_t partial_row(const DecodeParams& p, const WorkItem& w, int hq0, int hd) {
+#if FOSCAR_STEAL
+  return ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.slots + w.slot;
+#else
+  return ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits + w.split;
+#endif
+}
+
 // The end of an item: each warp's (m, l, O) merged through shared memory, then the output or
 // this split's partials (and the merge of all splits by the last to arrive).
 template <class T, class VSide>
@@ -466,10 +483,10 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
         const float m = s.red[ww][hd][0];
         if (m != kNegInf) l += exp2f(m - mx) * s.red[ww][hd][1];
       }
-      if (p.num_splits == 1) {
+      if (direct_output(p, w)) {
         p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
       } else {
-        const size_t row = ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits + w.split;
+        const size_t row = partial_row(p, w, hq0, hd);
         p.ws_o[row * kD + c] = o;
         if (c == 0) p.ws_ml[row * 2] = mx, p.ws_ml[row * 2 + 1] = l;
       }
@@ -488,14 +505,144 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
     }
   }
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlStored);  // thread 0's stores issued (the others' may trail)
-  if (p.num_splits == 1) {
+  if (direct_output(p, w)) {
     named_barrier(kConsumerBarrier, kConsumerThreads);  // s.red and s.merge are read out before the next item
     if (L.tid == 0) timeline_stamp<T>(p, w, kTlWritten);
     return;
   }
+#if FOSCAR_STEAL
+  merge_pieces<T>(p, s, L, w);
+#else
   merge_splits<T>(p, s, L, w);
+#endif
 }
 
+#if FOSCAR_STEAL
+// One piece of the consumer warpgroup (lab knob FOSCAR_STEAL), chunk by chunk: consume()'s item
+// loop below, with the piece's end read from the flag the producer leaves beside each stage.
+template <class T, class KSide, class VSide>
+__device__ __forceinline__ void consume_piece(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
+                                              RingCursor<T>& ring, WorkItem& w, int k, bool empty) {
+  const int item = static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x);  // the timeline's index
+  if (L.tid == 0) timeline_stamp(p, item, kTlItem);
+  KSide ks;
+  VSide vs;
+  WarpSoftmax sm;
+  vs.reset();
+  load_query<T>(p, s, L, w, ks);
+
+  SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
+  if (!empty) {
+    ss.first();
+    if (L.tid == 0) timeline_stamp(p, item, kTlFirstS);
+    ss.release();
+    ring.next_trip();
+  }
+  // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it. Returns its stage's
+  // trip flags.
+  auto trip = [&](int c) -> uint8_t {
+    // This trip's stages: V of chunk c (codes, parameters) and K of chunk c + 1.
+    const uint8_t* v_blk[T::HP];
+    const uint8_t* v_par[T::HP];
+#pragma unroll
+    for (int hp = 0; hp < T::HP; ++hp) {
+      v_blk[hp] = ss.stage(hp) + T::kCodeBytes;
+      v_par[hp] = ss.stage(hp) + 2 * T::kCodeBytes + T::kKParamBytes;
+    }
+    const int tok0 = c * kChunk;
+    // The producer's flag beside the stage says whether this is the piece's last trip (read
+    // once the stage is waited for, before its first use).
+    bool last = false, group_ends = (tok0 + kChunk) % T::G == 0;
+    uint8_t flags = 0;
+    auto wait_stage = [&] {
+      ss.wait();
+      flags = s.trip_flags[ring.slot_of(0)];
+      last = flags & kTripLast;
+      group_ends = group_ends || last;
+    };
+
+    // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers. (Token-wise K
+    // reads the chunk's K scales from the stage; channel-wise K has them in its constants, so
+    // it waits for the stage only after its softmax.)
+    if constexpr (KSide::kScoresReadStage) wait_stage();
+    float x[4];
+    ss.scores(c, x);
+    float alpha[2];
+    if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
+    float pr[4];
+    sm.probabilities(x, pr);
+    if constexpr (!KSide::kScoresReadStage) wait_stage();
+    vs.begin(s, L, v_par, group_ends, pr);
+
+    // S of chunk c + 1 on wgmma, head by head (the last chunk's runs on stale operands and is
+    // discarded), and chunk c's PV on this warp's mma.sync while each runs.
+    zero_accumulators(ks.acc);
+    if constexpr (T::HP == 1) {
+      if (!last) ss.prepare(c + 1, 0);
+      ss.issue(0);
+      vs.template pv<0, 4>(s, L, v_blk, v_par, group_ends);
+      ss.complete();
+    } else {
+      if (!last) ss.prepare(c + 1, 0);
+      ss.issue(0);
+      vs.template pv<0, FOSCAR_PV_SPLIT>(s, L, v_blk, v_par, group_ends);
+      ss.complete();
+      if (!last) ss.prepare(c + 1, 1);
+      ss.issue(1);
+      vs.template pv<FOSCAR_PV_SPLIT, 4>(s, L, v_blk, v_par, group_ends);
+      ss.complete();
+    }
+    ss.release();
+    return flags;
+  };
+  w.units = 0;
+  bool stolen = false;
+  if (!empty) {
+    for (int c = w.chunk_begin;; ++c) {
+      const uint8_t flags = trip(c);
+      ring.next_trip();
+      if (flags & kTripLast) {
+        w.units = c + 1 - w.chunk_begin;
+        stolen = flags & kTripStolen;
+        break;
+      }
+    }
+  }
+  // The rest of the piece from its mailbox entry, which the consumers free only now (kept out
+  // of registers through the trips).
+  const Piece& pc = s.piece[k & 1];
+  w.slot = pc.slot;
+  w.thief = pc.flags & kPieceThief;
+  w.direct = p.num_splits == 1 && !w.thief && !stolen;
+  if (!w.thief && w.split == 0) w.units += 1;  // the tail's unit: split 0's owner counts even with no chunk
+  if (w.units == 0) return;  // a split with no chunk: nothing to write or merge
+
+  if (L.tid == 0) timeline_stamp(p, item, kTlLastTrip);
+  if constexpr (T::kHasTail) {
+    if (w.split == 0 && w.tail_len > 0 && !w.thief) consume_tail<T>(p, s, L, w, sm, vs);
+  }
+  finish_item<T>(p, s, L, w, sm, vs);
+}
+
+// The consumer warpgroup of FOSCAR_STEAL: the pieces its producer posts.
+template <class T, class KSide, class VSide>
+__device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
+  const Lane L(threadIdx.x - 128, p.ratio, T::HP);
+  RingCursor<T> ring;  // the current trip's stages
+  for (int k = 0;; ++k) {
+    const int e = k & 1;
+    mbar_wait(&s.piece_full[e], (k >> 1) & 1);
+    const Piece pc = s.piece[e];
+    if (pc.item < 0) return;
+    WorkItem w = work_item<T>(p, pc.item);
+    w.chunk_begin = pc.begin;
+    w.k = k;
+    consume_piece<T, KSide, VSide>(p, s, L, ring, w, k, pc.flags & kPieceEmpty);
+    __syncwarp();
+    if (L.lane == 0) mbar_arrive(&s.piece_empty[e]);  // the entry back to the producer
+  }
+}
+#else
 // The consumer warpgroup: the items of this CTA, chunk by chunk.
 template <class T, class KSide, class VSide>
 __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
@@ -583,5 +730,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     finish_item<T>(p, s, L, w, sm, vs);
   }
 }
+
+#endif  // FOSCAR_STEAL
 
 }  // namespace foscar

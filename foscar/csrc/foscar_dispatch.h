@@ -39,6 +39,11 @@ inline int check_args(const FoscarDecodeArgs& a) {
     last_error() = "num_splits " + std::to_string(a.num_splits) + " is over the 128 the split merge holds";
     return 2;
   }
+  if (a.steal_segment_chunks < 0 || a.steal_extra_slots < 0 || a.num_splits * (1 + a.steal_extra_slots) > 128) {
+    last_error() = "steal_segment_chunks " + std::to_string(a.steal_segment_chunks) + " and steal_extra_slots " +
+                   std::to_string(a.steal_extra_slots) + " must be >= 0, with num_splits (1 + steal_extra_slots) <= 128";
+    return 2;
+  }
   if (a.num_q_heads % a.num_kv_heads || a.num_q_heads / a.num_kv_heads > 8) {
     last_error() = "query heads per KV head must be 1..8, got " + std::to_string(a.num_q_heads) + "/" +
                    std::to_string(a.num_kv_heads);

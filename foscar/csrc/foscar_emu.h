@@ -25,10 +25,12 @@
 #include <climits>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #ifndef __launch_bounds__
@@ -192,9 +194,19 @@ inline int min(int a, int b) { return std::min(a, b); }
 inline int max(int a, int b) { return std::max(a, b); }
 
 inline void __syncthreads() { ::foscar_emu::tls().cta->bar.arrive_and_wait(); }
-// CTAs run one after another here, so global memory needs no fences; the atomics are real.
-inline void __threadfence() {}
+// CTAs run one after another here, or a few at once (foscar_emu.cpp): the fences and atomics are real.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline int atomicAdd(int* address, int value) { return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST); }
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
+  return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST);
+}
+inline unsigned long long atomicExch(unsigned long long* address, unsigned long long value) {
+  return __atomic_exchange_n(address, value, __ATOMIC_SEQ_CST);
+}
+inline unsigned long long atomicCAS(unsigned long long* address, unsigned long long compare, unsigned long long value) {
+  __atomic_compare_exchange_n(address, &compare, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return compare;  // the word's old value, as on the GPU
+}
 template <class T>
 inline T __ldcg(const T* address) {
   return *address;
@@ -413,6 +425,16 @@ template <int N>
 inline void setmaxnreg_dec() {}
 template <int N>
 inline void setmaxnreg_inc() {}
+
+inline unsigned long long ld_relaxed_u64(const unsigned long long* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+// FOSCAR_EMU_CLAIM_PAUSE_US=n: a work item's owner sleeps n us before each claim beyond its
+// first, so that in a launch with CTAs at once (FOSCAR_EMU_CONCURRENT_CTAS) the others run out
+// of work first and steal (tests of lab knob FOSCAR_STEAL).
+inline void emu_pause_before_claim() {
+  const char* v = std::getenv("FOSCAR_EMU_CLAIM_PAUSE_US");
+  const long us = v ? std::atol(v) : 0L;
+  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
 
 // %globaltimer: the host's monotonic clock in nanoseconds.
 inline uint64_t globaltimer_ns() {

@@ -231,6 +231,16 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 
 __device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 
+// A 64-bit global word that other CTAs update with atomics, read from L2 without an atomic (lab
+// knob FOSCAR_STEAL's ranges, scanned for the one with the most work left).
+__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+// Nothing on the GPU; the host emulation may pause here so that another CTA runs first.
+__device__ __forceinline__ void emu_pause_before_claim() {}
+
 // The GPU's global nanosecond clock (one clock for every SM, unlike clock64): lab knob
 // FOSCAR_TIMELINE's stamps.
 __device__ __forceinline__ uint64_t globaltimer_ns() {

@@ -221,3 +221,30 @@ def test_the_planner_picks_split_counts_measured_near_the_best():
                 judged += 1
                 assert times[plan.num_splits] <= 1.06 * min(times.values()), (name, batch, kv_len, plan, times)
     assert judged >= 8
+
+
+def test_a_stealing_build_gets_its_slots_and_range_words():
+    # Lab knob FOSCAR_STEAL: the partials take num_splits (1 + extra) slots per (sequence, query
+    # head) and the counters are followed by one 8-byte range word per item (8-byte aligned);
+    # without the knob the workspace is the default's and the struct's steal fields are 0.
+    k = torch.randn(3, 700, 2, 128, dtype=torch.bfloat16)
+    cache = foscar.quantize(k, k.clone(), [700, 300, 500], QuantConfig(bits=4, group_size=128, page_size=128))
+    q = torch.randn(3, 8, 128, dtype=torch.bfloat16)
+    sizes = []
+
+    def workspace(*n):
+        sizes.append(n)
+        return torch.empty(n[0]), torch.empty(n[1]), torch.zeros(n[2], dtype=torch.int32)
+
+    common = dict(sm_scale=None, variant="fold", num_splits=2, num_sms=132, ctas_per_sm=3, workspace=workspace,
+                  kv_heads_per_item=1)
+    plain = kernels.launch_args(q, cache, torch.empty_like(q), **common)
+    assert (plain.steal_segment_chunks, plain.steal_extra_slots) == (0, 0)
+    assert sizes[-1] == (3 * 8 * 2 * 128, 3 * 8 * 2 * 2, 3 * 2)
+    steal = kernels.launch_args(q, cache, torch.empty_like(q), steals=True, steal_segment_chunks=3, **common)
+    assert (steal.steal_segment_chunks, steal.steal_extra_slots) == (3, kernels.STEAL_MAX_EXTRA)
+    slots = 2 * (1 + kernels.STEAL_MAX_EXTRA)
+    items = 3 * 2 * 2  # sequences x KV heads x splits
+    assert sizes[-1] == (3 * 8 * slots * 128, 3 * 8 * slots * 2, 3 * 2 + 2 * items)
+    with pytest.raises(ValueError, match="steal_segment_chunks=0"):
+        kernels.launch_args(q, cache, torch.empty_like(q), steals=True, steal_segment_chunks=0, **common)

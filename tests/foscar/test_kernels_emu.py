@@ -349,3 +349,70 @@ def test_timeline_needs_the_knob_and_the_launchs_size():
         emu.decode(q, cache, num_splits=2, timeline=torch.zeros(120, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"expected a contiguous torch.int64 tensor of 120 elements \(2 CTAs"):
         emu.decode(q, cache, num_splits=2, timeline=torch.zeros(120, dtype=torch.int32))
+
+
+STEAL = ("-DFOSCAR_STEAL=1",)
+
+
+@pytest.fixture
+def _ctas_at_once(monkeypatch):
+    # Four CTAs at once, each item's owner pausing before every claim past its first segment, so
+    # that the CTAs of short items run out of work while a long item still has segments to take.
+    monkeypatch.setenv("FOSCAR_EMU_CONCURRENT_CTAS", "4")
+    monkeypatch.setenv("FOSCAR_EMU_CLAIM_PAUSE_US", "5000")
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("k_mode,v_mode", MODES)
+def test_stolen_tail_matches_reference(bits, k_mode, v_mode, _ctas_at_once):
+    # Lab knob FOSCAR_STEAL: a long sequence beside short ones, one head and paired, one split
+    # and three (the thieves' partials merged with the splits'), segments of 2 chunks; BF16
+    # tails on the channel-wise side (lengths off the group).
+    for heads, splits, lens in ((1, 1, [2000, 100]), (2, 1, [1900, 130]), (1, 3, [2500, 300, 900]),
+                                (2, 2, [3000, 64])):
+        seed, config, _, _, _ = _case(bits, 128, k_mode, v_mode, batch=len(lens), ratio=4)
+        q, cache = _data(config, lens, 2, 4, seed)
+        err = _error(q, cache, lens, num_splits=splits, kv_heads_per_item=heads, defines=STEAL,
+                     steal_segment_chunks=2)
+        assert err <= TOLERANCE, f"seed={seed} lens={lens} heads={heads} splits={splits}: {err:.2e}"
+
+
+def test_stolen_tail_steals_and_leaves_the_workspace_at_zero(_ctas_at_once):
+    # With the timeline: some CTA runs a second piece, taken from another's item (the short
+    # sequence's CTAs end first; which steals depends on the host's threads). Two launches on one workspace: the arrival counters and the range words
+    # after them are back at zero after each (or the next launch's merges and claims go wrong).
+    from foscar import kernels
+
+    knob = (*STEAL, "-DFOSCAR_TIMELINE=1")
+    seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=2, ratio=4)
+    lens = [2000, 100]
+    q, cache = _data(config, lens, 2, 4, seed)
+    lib = emu.load(knob)
+    plan = kernels.resolve_plan(cache, q.shape[1], variant="fold", num_splits=1, num_sms=emu.DEFAULT_NUM_SMS,
+                                ctas_per_sm=lib.foscar_emu_ctas_per_sm, kv_heads_per_item=1)[1]
+    assert plan.num_ctas == 4  # one item per CTA: (sequence, KV head)
+    stamps = torch.zeros(kernels.timeline_entries(plan.num_ctas), dtype=torch.int64)
+    ws = (torch.empty(2 * 8 * 5 * 128), torch.empty(2 * 8 * 5 * 2), torch.zeros(4 + 2 * 4, dtype=torch.int32))
+    for launch in range(2):
+        stamps.zero_()
+        out = emu.decode(q, cache, num_splits=1, kv_heads_per_item=1, defines=knob, timeline=stamps,
+                         steal_segment_chunks=2, workspace=ws)
+        assert not ws[2].any(), f"launch {launch}: counters and range words left at {ws[2].tolist()}"
+        kd, vd = foscar.dequantize(cache, dtype=torch.float64)
+        ref = attention_f64(q, kd, vd, lens)
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err <= TOLERANCE, f"seed={seed} launch={launch}: {err:.2e}"
+        t = stamps.view(plan.num_ctas, kernels.TIMELINE_ITEMS, len(kernels.TIMELINE_PHASES))
+        pieces = (t[:, :, kernels.TIMELINE_PHASES.index("item")] > 0).sum(1).tolist()
+        assert sum(pieces) > plan.num_ctas, f"launch {launch}: no CTA stole (pieces per CTA {pieces})"
+
+
+def test_steal_plan_keeps_the_merge_within_its_slots():
+    from foscar import kernels
+
+    assert kernels.steal_plan(1) == (kernels.STEAL_SEGMENT_CHUNKS, kernels.STEAL_MAX_EXTRA)
+    assert kernels.steal_plan(49, 4) == (4, 1) and kernels.steal_plan(64)[1] == 1 and kernels.steal_plan(128)[1] == 0
+    for splits in range(1, 129):
+        assert splits * (1 + kernels.steal_plan(splits)[1]) <= kernels.MAX_FORCED_SPLITS
+    with pytest.raises(ValueError, match="steal_segment_chunks=0 is not a chunk count"):
+        kernels.steal_plan(1, 0)

@@ -1,6 +1,8 @@
 """FOSCAR CUDA kernels against the float64 reference over the same dequantized cache (GPU only)."""
 from __future__ import annotations
 
+import ctypes
+import os
 import random
 import zlib
 
@@ -25,6 +27,15 @@ if not _hopper():
     pytest.skip("needs a Hopper (sm_90) CUDA GPU", allow_module_level=True)
 
 RNG = random.Random()  # fresh shapes every run; the failing seed is printed by the test id
+
+# FOSCAR_TEST_LIBRARY=/path/to/libfoscar.so runs these tests on a library built elsewhere (another
+# commit's, carried to the GPU box in its cache) in place of this tree's default build.
+if os.environ.get("FOSCAR_TEST_LIBRARY"):
+    from foscar import kernels
+    from foscar.build import detect_arch
+
+    kernels._libs[(detect_arch() or "sm_90a", ())] = kernels.bind(
+        ctypes.CDLL(os.environ["FOSCAR_TEST_LIBRARY"]), "foscar")
 
 
 def _case(bits, group, k_mode, v_mode, *, batch=None, ratio=None, seed=None):
@@ -155,3 +166,47 @@ def test_bad_input_is_one_clear_error():
         foscar.decode(torch.randn(2, 4, 128, device="cuda").to(torch.bfloat16), cache)
     with pytest.raises(ValueError, match="1 to 8"):
         foscar.decode(torch.randn(1, 16, 128, device="cuda").to(torch.bfloat16), cache)
+
+
+# Lab knob FOSCAR_STEAL (docs/KERNELS.md, "The stolen tail"), its own library: CTAs whose items
+# end first take segments of the others'. Sequences of unequal length make thieves; every launch
+# of several must pass the gate (pieces differ from launch to launch), and the counters and range
+# words must be back at zero after each.
+STEAL = ("-DFOSCAR_STEAL=1",)
+STEAL_CELLS = [(16, 32768), (1, 131072), (128, 32768)]
+
+
+@pytest.mark.parametrize("batch,kv_len", STEAL_CELLS, ids=lambda v: str(v))
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("k_mode,v_mode", MODES)
+def test_stolen_tail_matches_reference(batch, kv_len, bits, k_mode, v_mode):
+    from foscar import kernels
+
+    if batch == 128 and (k_mode, v_mode) != ("channel", "token"):
+        pytest.skip("batch 128 in the paper's mode only (the other modes' thieves are at batch 16)")
+    lib = kernels.load_library(defines=STEAL)
+    assert lib.foscar_steals_tail
+    seed = zlib.crc32(f"steal-{batch}-{kv_len}".encode())
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    # batch 16: one long sequence and short ones; the others: near-equal lengths, as the sweep's
+    lens = ([kv_len] + [1000 + 3000 * b for b in range(batch - 1)] if batch == 16
+            else [kv_len - 37 * (b % 3) for b in range(batch)])
+    shape = (batch, max(lens), 8, 128)
+    k = torch.randn(shape, device="cuda", generator=gen, dtype=torch.bfloat16)
+    v = torch.randn(shape, device="cuda", generator=gen, dtype=torch.bfloat16)
+    q = torch.randn(batch, 32, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+    config = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode=v_mode, page_size=128)
+    cache = foscar.quantize(k, v, lens, config)
+    del k, v
+    rows = sorted({0, batch // 2, batch - 1})
+    kd, vd = foscar.dequantize(cache, rows, dtype=torch.float64)
+    ref = attention_f64(q[rows], kd, vd, [lens[r] for r in rows])
+    for launch in range(5):
+        out = torch.full_like(q, float("nan"))
+        foscar.decode(q, cache, out=out, library=lib)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all(), f"launch {launch}: some output elements were never written (or are NaN)"
+        err = ((out[rows].double() - ref).norm() / ref.norm()).item()
+        assert err <= TOLERANCE, f"batch={batch} kv_len={kv_len} launch={launch}: {err:.2e}"
+        ws = kernels._workspaces[q.device]
+        assert not ws[2].any(), f"launch {launch}: counters or range words left at {ws[2].nonzero().flatten()[:8].tolist()}"
