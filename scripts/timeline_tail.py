@@ -71,10 +71,15 @@ def analyse(tl: dict, sms: int, step: float = 5.0) -> dict:
     for r in rows:
         if r.get("item"):
             pieces[r["cta"]] = pieces.get(r["cta"], 0) + 1
+    # Each CTA's end: the last trip of its last piece (a FOSCAR_STEAL build runs several).
+    ends_of: dict[int, float] = {}
+    for r in rows:
+        if r.get("last_trip"):
+            ends_of[r["cta"]] = max(ends_of.get(r["cta"], 0.0), r["last_trip"])
     ranks: dict[int, list[float]] = {}
-    for r in first:
-        ranks.setdefault(r["cta"] // sms, []).append(r["last_trip"])
-    out = {"config": tl.get("config"), "variant": tl.get("variant"), "ctas": len(first),
+    for cta, end in ends_of.items():
+        ranks.setdefault(cta // sms, []).append(end)
+    out = {"config": tl.get("config"), "variant": tl.get("variant"), "ctas": len(ends_of),
            "end_by_rank": {rank: {"n": len(v), "p10_median_p90_max": percentiles(v)} for rank, v in sorted(ranks.items())},
            "pieces_per_cta": dict(sorted(Counter(pieces.values()).items())),
            "quarters": None, "tail": None}
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"{r['config']} ({r['variant']}): {r['ctas']} CTAs; pieces per CTA {r['pieces_per_cta']}")
         for rank, e in r["end_by_rank"].items():
-            print(f"  rank {rank} ({e['n']} CTAs): last trip p10 / median / p90 / max {e['p10_median_p90_max']} us")
+            print(f"  rank {rank} ({e['n']} CTAs): its last trip p10 / median / p90 / max {e['p10_median_p90_max']} us")
         for rank, q in (r["quarters"] or {}).items():
             print(f"  rank {rank}: us a trip in each quarter of its item (median) {q}")
         if r["tail"]:

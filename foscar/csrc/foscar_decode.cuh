@@ -86,7 +86,7 @@ enum TimelinePhase : int {
 constexpr int kTimelineItems = 4;
 
 // Lab knob FOSCAR_STEAL=1 (v36, docs/KERNELS.md "The stolen tail"): a CTA that has run out of
-// items takes the back half of the chunks still unclaimed in the item with the most left. Each
+// items takes the back half of the chunks still unclaimed in an item with many left. Each
 // item's split is cut into segments of p.steal_seg chunks; one 64-bit word per item in global
 // memory (p.ws_range) holds [front, back) of its unclaimed segments and how often it was stolen
 // from. The owner's producer claims segments from the front as it goes (one atomic add a
@@ -600,20 +600,26 @@ __device__ void produce_stealing(const DecodeParams& p, SharedStorage<T>& s) {
     if (lane == 0) pr.own(p, s, item);
   }
   __syncwarp();
-  // Then the back half of the unclaimed segments of the item with the most, while one has two.
-  for (int misses = 0; misses < 8;) {
-    int best = -1, best_rem = 1;
+  // Then the back half of the unclaimed segments of an item with many, while one has two. The
+  // CTAs that end together scan together: each takes, not the item with the most, but the first
+  // lane's candidate, from a lane of its own on, that holds at least half the most, so that they
+  // spread over the items that have work rather than all race for one.
+  for (int misses = 0; misses < 32;) {
+    int best = -1, best_rem = 1;  // this lane's items: the one with the most unclaimed segments
     for (int i = lane; i < p.num_items; i += 32) {
       const unsigned long long x = ld_relaxed_u64(p.ws_range + i);
       const int rem = StealRange::back(x) - StealRange::front(x);
       if (rem > best_rem && StealRange::steals(x) < p.steal_extra) best = i, best_rem = rem;
     }
+    int most = best_rem;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const int i = __shfl_xor_sync(0xffffffffu, best, o), r = __shfl_xor_sync(0xffffffffu, best_rem, o);
-      if (r > best_rem || (r == best_rem && i < best)) best = i, best_rem = r;
-    }
-    if (best < 0) break;
+    for (int o = 16; o > 0; o >>= 1) most = max(most, __shfl_xor_sync(0xffffffffu, most, o));
+    if (most < 2) break;  // no item has two segments left: done
+    const int from = (static_cast<int>(blockIdx.x) + misses) & 31;
+    int key = best >= 0 && 2 * best_rem >= most ? ((lane - from) & 31) : 64;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) key = min(key, __shfl_xor_sync(0xffffffffu, key, o));
+    best = __shfl_sync(0xffffffffu, best, (key + from) & 31);
     int taken = 0;
     if (lane == 0) {
       const unsigned long long x = ld_relaxed_u64(p.ws_range + best);

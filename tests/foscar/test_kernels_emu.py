@@ -351,7 +351,9 @@ def test_timeline_needs_the_knob_and_the_launchs_size():
         emu.decode(q, cache, num_splits=2, timeline=torch.zeros(120, dtype=torch.int32))
 
 
-STEAL = ("-DFOSCAR_STEAL=1",)
+# The knob's build, with the timeline knob too: one emulator library for these tests (its stamps
+# are written only where a launch passes a timeline).
+STEAL = ("-DFOSCAR_STEAL=1", "-DFOSCAR_TIMELINE=1")
 
 
 @pytest.fixture
@@ -383,7 +385,7 @@ def test_stolen_tail_steals_and_leaves_the_workspace_at_zero(_ctas_at_once):
     # after them are back at zero after each (or the next launch's merges and claims go wrong).
     from foscar import kernels
 
-    knob = (*STEAL, "-DFOSCAR_TIMELINE=1")
+    knob = STEAL
     seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=2, ratio=4)
     lens = [2000, 100]
     q, cache = _data(config, lens, 2, 4, seed)

@@ -62,3 +62,4 @@ def test_without_quarters_or_with_stolen_pieces(tail):
     assert r["quarters"] is None and r["tail"]["last_end_us"] == 160
     r = tail.analyse(_launch(quarters=True, extra_piece=True)["timelines"][0], sms=2, step=1.0)
     assert r["pieces_per_cta"] == {1: 3, 2: 1} and r["tail"] is None  # pieces of unknown length: ends only
+    assert r["end_by_rank"][0]["p10_median_p90_max"][-1] == 130  # CTA 0's second piece ends last
