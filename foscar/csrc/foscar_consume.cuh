@@ -422,6 +422,70 @@ __device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const L
   }
 }
 
+// Trip c of an item's chunk loop: V of chunk c against its P, S of chunk c + 1 issued beside it.
+// Whether it is the item's last (no next S to issue) is c == chunk_end - 1, or, where kFlags
+// (FOSCAR_STEAL, whose producer decides a piece's end as it goes), the flag the producer leaves by
+// the stage, read once the stage is waited for; the flags are returned.
+template <bool kFlags, class T, class KSide, class VSide>
+__device__ __forceinline__ uint8_t run_trip(SharedStorage<T>& s, const Lane& L, SStream<T, KSide>& ss, KSide& ks,
+                                            VSide& vs, WarpSoftmax& sm, const RingCursor<T>& ring, int c,
+                                            int chunk_end) {
+  // This trip's stages: V of chunk c (codes, parameters) and K of chunk c + 1.
+  const uint8_t* v_blk[T::HP];
+  const uint8_t* v_par[T::HP];
+#pragma unroll
+  for (int hp = 0; hp < T::HP; ++hp) {
+    v_blk[hp] = ss.stage(hp) + T::kCodeBytes;
+    v_par[hp] = ss.stage(hp) + 2 * T::kCodeBytes + T::kKParamBytes;
+  }
+  const int tok0 = c * kChunk;
+  bool last = !kFlags && c == chunk_end - 1;
+  bool group_ends = last || (tok0 + kChunk) % T::G == 0;
+  uint8_t flags = 0;
+  auto wait_stage = [&] {
+    ss.wait();
+    if constexpr (kFlags) {
+      flags = s.trip_flags[ring.slot_of(0)];
+      last = flags & kTripLast;
+      group_ends = group_ends || last;
+    }
+  };
+
+  // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers. (Token-wise K
+  // reads the chunk's K scales from the stage; channel-wise K has them in its constants, so
+  // it waits for the stage only after its softmax.)
+  if constexpr (KSide::kScoresReadStage) wait_stage();
+  float x[4];
+  ss.scores(c, x);
+  float alpha[2];
+  if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
+  float pr[4];
+  sm.probabilities(x, pr);
+  if constexpr (!KSide::kScoresReadStage) wait_stage();
+  vs.begin(s, L, v_par, group_ends, pr);
+
+  // S of chunk c + 1 on wgmma, head by head (the last chunk's runs on stale operands and is
+  // discarded), and chunk c's PV on this warp's mma.sync while each runs.
+  zero_accumulators(ks.acc);
+  if constexpr (T::HP == 1) {
+    if (!last) ss.prepare(c + 1, 0);
+    ss.issue(0);
+    vs.template pv<0, 4>(s, L, v_blk, v_par, group_ends);
+    ss.complete();
+  } else {
+    if (!last) ss.prepare(c + 1, 0);
+    ss.issue(0);
+    vs.template pv<0, FOSCAR_PV_SPLIT>(s, L, v_blk, v_par, group_ends);
+    ss.complete();
+    if (!last) ss.prepare(c + 1, 1);
+    ss.issue(1);
+    vs.template pv<FOSCAR_PV_SPLIT, 4>(s, L, v_blk, v_par, group_ends);
+    ss.complete();
+  }
+  ss.release();
+  return flags;
+}
+
 // Whether an item's output is written at once (one split; with FOSCAR_STEAL, nor stolen from nor
 // a thief), and otherwise the row of its partials for query head hq0 + hd.
 __device__ __forceinline__ bool direct_output(const DecodeParams& p, const WorkItem& w) {
@@ -538,63 +602,8 @@ __device__ __forceinline__ void consume_piece(const DecodeParams& p, SharedStora
     ss.release();
     ring.next_trip();
   }
-  // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it. Returns its stage's
-  // trip flags.
-  auto trip = [&](int c) -> uint8_t {
-    // This trip's stages: V of chunk c (codes, parameters) and K of chunk c + 1.
-    const uint8_t* v_blk[T::HP];
-    const uint8_t* v_par[T::HP];
-#pragma unroll
-    for (int hp = 0; hp < T::HP; ++hp) {
-      v_blk[hp] = ss.stage(hp) + T::kCodeBytes;
-      v_par[hp] = ss.stage(hp) + 2 * T::kCodeBytes + T::kKParamBytes;
-    }
-    const int tok0 = c * kChunk;
-    // The producer's flag beside the stage says whether this is the piece's last trip (read
-    // once the stage is waited for, before its first use).
-    bool last = false, group_ends = (tok0 + kChunk) % T::G == 0;
-    uint8_t flags = 0;
-    auto wait_stage = [&] {
-      ss.wait();
-      flags = s.trip_flags[ring.slot_of(0)];
-      last = flags & kTripLast;
-      group_ends = group_ends || last;
-    };
-
-    // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers. (Token-wise K
-    // reads the chunk's K scales from the stage; channel-wise K has them in its constants, so
-    // it waits for the stage only after its softmax.)
-    if constexpr (KSide::kScoresReadStage) wait_stage();
-    float x[4];
-    ss.scores(c, x);
-    float alpha[2];
-    if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
-    float pr[4];
-    sm.probabilities(x, pr);
-    if constexpr (!KSide::kScoresReadStage) wait_stage();
-    vs.begin(s, L, v_par, group_ends, pr);
-
-    // S of chunk c + 1 on wgmma, head by head (the last chunk's runs on stale operands and is
-    // discarded), and chunk c's PV on this warp's mma.sync while each runs.
-    zero_accumulators(ks.acc);
-    if constexpr (T::HP == 1) {
-      if (!last) ss.prepare(c + 1, 0);
-      ss.issue(0);
-      vs.template pv<0, 4>(s, L, v_blk, v_par, group_ends);
-      ss.complete();
-    } else {
-      if (!last) ss.prepare(c + 1, 0);
-      ss.issue(0);
-      vs.template pv<0, FOSCAR_PV_SPLIT>(s, L, v_blk, v_par, group_ends);
-      ss.complete();
-      if (!last) ss.prepare(c + 1, 1);
-      ss.issue(1);
-      vs.template pv<FOSCAR_PV_SPLIT, 4>(s, L, v_blk, v_par, group_ends);
-      ss.complete();
-    }
-    ss.release();
-    return flags;
-  };
+  // Trip c, whose end the producer's flag beside its stage says. Returns the flags.
+  auto trip = [&](int c) { return run_trip<true>(s, L, ss, ks, vs, sm, ring, c, 0); };
   w.units = 0;
   bool stolen = false;
   if (!empty) {
@@ -665,52 +674,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
       ring.next_trip();
     }
     // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it.
-    auto trip = [&](int c) {
-      // This trip's stages: V of chunk c (codes, parameters) and K of chunk c + 1.
-      const uint8_t* v_blk[T::HP];
-      const uint8_t* v_par[T::HP];
-#pragma unroll
-      for (int hp = 0; hp < T::HP; ++hp) {
-        v_blk[hp] = ss.stage(hp) + T::kCodeBytes;
-        v_par[hp] = ss.stage(hp) + 2 * T::kCodeBytes + T::kKParamBytes;
-      }
-      const int tok0 = c * kChunk;
-      const bool last = c == w.chunk_end - 1;
-      const bool group_ends = last || (tok0 + kChunk) % T::G == 0;
-
-      // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers. (Token-wise K
-      // reads the chunk's K scales from the stage; channel-wise K has them in its constants, so
-      // it waits for the stage only after its softmax.)
-      if constexpr (KSide::kScoresReadStage) ss.wait();
-      float x[4];
-      ss.scores(c, x);
-      float alpha[2];
-      if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
-      float pr[4];
-      sm.probabilities(x, pr);
-      if constexpr (!KSide::kScoresReadStage) ss.wait();
-      vs.begin(s, L, v_par, group_ends, pr);
-
-      // S of chunk c + 1 on wgmma, head by head (the last chunk's runs on stale operands and is
-      // discarded), and chunk c's PV on this warp's mma.sync while each runs.
-      zero_accumulators(ks.acc);
-      if constexpr (T::HP == 1) {
-        if (!last) ss.prepare(c + 1, 0);
-        ss.issue(0);
-        vs.template pv<0, 4>(s, L, v_blk, v_par, group_ends);
-        ss.complete();
-      } else {
-        if (!last) ss.prepare(c + 1, 0);
-        ss.issue(0);
-        vs.template pv<0, FOSCAR_PV_SPLIT>(s, L, v_blk, v_par, group_ends);
-        ss.complete();
-        if (!last) ss.prepare(c + 1, 1);
-        ss.issue(1);
-        vs.template pv<FOSCAR_PV_SPLIT, 4>(s, L, v_blk, v_par, group_ends);
-        ss.complete();
-      }
-      ss.release();
-    };
+    auto trip = [&](int c) { run_trip<false>(s, L, ss, ks, vs, sm, ring, c, w.chunk_end); };
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) {
 #if FOSCAR_TIMELINE
       if (L.tid == 0) {  // how far the item has come (a CTA's rate changes as its SM's others end)

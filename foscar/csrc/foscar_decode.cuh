@@ -1270,6 +1270,27 @@ __device__ __forceinline__ void merge_columns(const DecodeParams& p, const float
   }
 }
 
+// The merge's weights: wgt[hd n + i] holds partial i's maximum m of column hd on entry, and
+// exp2(m - max) / denominator on return (0 for a partial with no token), warp w for columns w,
+// w + 4; row(hd, i) is the partial's row of (m, l) pairs in p.ws_ml.
+template <class Row>
+__device__ __forceinline__ void merge_weights(const DecodeParams& p, const Lane& L, float* wgt, int n, Row&& row) {
+  for (int hd = L.warp; hd < p.cols; hd += 4) {
+    float mx = kNegInf;
+    for (int i = L.lane; i < n; i += 32) mx = fmaxf(mx, wgt[hd * n + i]);
+    mx = reduce_lanes<32, true>(mx);
+    float den = 0.f;
+    for (int i = L.lane; i < n; i += 32) {
+      const float m = wgt[hd * n + i];  // a split with no tokens of this sequence weighs 0
+      const float e = m == kNegInf ? 0.f : exp2f(m - mx);
+      den = fmaf(e, __ldcg(p.ws_ml + row(hd, i) * 2 + 1), den);
+      wgt[hd * n + i] = e;
+    }
+    den = reduce_lanes<32, false>(den);
+    for (int i = L.lane; i < n; i += 32) wgt[hd * n + i] /= den;
+  }
+}
+
 // After every split of an item wrote its partials (o against its own maximum m, and l): the
 // last split of a (sequence, KV head) to arrive merges them all into the output and resets the
 // counter for the next launch.
@@ -1302,20 +1323,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // head hd, split sp: row0 + hd S + sp
   for (int i = L.tid; i < n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + (row0 + i) * 2);
   named_barrier(kConsumerBarrier, kConsumerThreads);
-  for (int hd = L.warp; hd < p.cols; hd += 4) {
-    float mx = kNegInf;
-    for (int sp = L.lane; sp < S; sp += 32) mx = fmaxf(mx, wgt[hd * S + sp]);
-    mx = reduce_lanes<32, true>(mx);
-    float den = 0.f;
-    for (int sp = L.lane; sp < S; sp += 32) {
-      const float m = wgt[hd * S + sp];  // a split with no tokens of this sequence weighs 0
-      const float e = m == kNegInf ? 0.f : exp2f(m - mx);
-      den = fmaf(e, __ldcg(p.ws_ml + (row0 + hd * S + sp) * 2 + 1), den);
-      wgt[hd * S + sp] = e;
-    }
-    den = reduce_lanes<32, false>(den);
-    for (int sp = L.lane; sp < S; sp += 32) wgt[hd * S + sp] /= den;
-  }
+  merge_weights(p, L, wgt, S, [&](int hd, int sp) { return row0 + hd * S + sp; });
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
   if constexpr (T::HP == 1) {
@@ -1408,20 +1416,7 @@ __device__ void merge_pieces(const DecodeParams& p, SharedStorage<T>& s, const L
   auto row = [&](int hd, int i) { return ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.slots + list[i]; };
   for (int i = L.tid; i < p.cols * n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + row(i / n, i % n) * 2);
   named_barrier(kConsumerBarrier, kConsumerThreads);
-  for (int hd = L.warp; hd < p.cols; hd += 4) {
-    float mx = kNegInf;
-    for (int i = L.lane; i < n; i += 32) mx = fmaxf(mx, wgt[hd * n + i]);
-    mx = reduce_lanes<32, true>(mx);
-    float den = 0.f;
-    for (int i = L.lane; i < n; i += 32) {
-      const float m = wgt[hd * n + i];
-      const float e = m == kNegInf ? 0.f : exp2f(m - mx);
-      den = fmaf(e, __ldcg(p.ws_ml + row(hd, i) * 2 + 1), den);
-      wgt[hd * n + i] = e;
-    }
-    den = reduce_lanes<32, false>(den);
-    for (int i = L.lane; i < n; i += 32) wgt[hd * n + i] /= den;
-  }
+  merge_weights(p, L, wgt, n, row);
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
   // Warp w sums columns w, w + 4 over the slots, lane l channels 4 l .. 4 l + 3, as float4 (a

@@ -2,8 +2,6 @@
 trees (here one tree against itself, and against a copy with one bit moved)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,30 +9,23 @@ import torch
 from foscar import emu
 from foscar.build import BuildError
 
-ROOT = Path(__file__).resolve().parents[2]
+@pytest.fixture(scope="module")
+def m(script):
+    return script("emu_bits")
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("emu_bits", ROOT / "scripts" / "emu_bits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_case_set_covers_every_width_group_mode_and_plan():
-    m = _module()
+def test_case_set_covers_every_width_group_mode_and_plan(m):
     every = m.cases()
     assert len(every) == 2 * 3 * 2 * 2 * 2 * 2 and len(set(every)) == len(every)
     assert {c[2] for c in every} == {"channel"} and {c[2] for c in m.cases(all_modes=True)} == {"token", "channel"}
     assert {c[6] for c in every} == {132, 1}
 
 
-def test_a_run_equals_itself_and_a_moved_bit_is_found(tmp_path, capsys):
+def test_a_run_equals_itself_and_a_moved_bit_is_found(tmp_path, capsys, m):
     try:
         emu.find_cxx()
     except BuildError as exc:
         pytest.skip(f"no host C++ compiler to build the emulator: {exc}")
-    m = _module()
     chosen = m.cases(bits=(2,), groups=(128,), sms=(1,))[:2]
     first, again = m.run(chosen), m.run(chosen)
     assert m.compare(first, again) == []  # the same draw and kernels: the same bits

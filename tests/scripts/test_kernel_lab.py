@@ -3,20 +3,12 @@ our kernels measured by suite.runner.measure on the CPU (the emulator standing i
 GPU library), so the lab's "passed", bytes and p10 are the sweep's."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
 @pytest.fixture(scope="module")
-def lab():
-    spec = importlib.util.spec_from_file_location("kernel_lab", ROOT / "scripts" / "kernel_lab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def lab(script):
+    return script("kernel_lab")
 
 
 def test_command_line(lab):

@@ -2,16 +2,9 @@
 two, or a warp's split, as docs/PERFORMANCE.md quotes it (twelfth session)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def test_pv_chain_table_rows(capsys):
-    spec = importlib.util.spec_from_file_location("precision_table", ROOT / "scripts" / "precision_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_pv_chain_table_rows(capsys, script):
+    module = script("precision_table")
     module.pv_chain_table([2048])
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2K")]
     assert [line.split(" | ")[1] for line in lines] == ["INT4", "INT2"]

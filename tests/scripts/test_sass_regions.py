@@ -4,13 +4,9 @@ from the consumer."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 FN = "_ZN6foscar20foscar_decode_kernelILi4ELi128ELb1ELb0ELb0ELi2EEEvNS_12DecodeParamsE"
 
 DISASM = f"""//--------------------- .text.{FN} --------------------------
@@ -37,12 +33,8 @@ DISASM = f"""//--------------------- .text.{FN} --------------------------
 
 
 @pytest.fixture(scope="module")
-def mod():
-    spec = importlib.util.spec_from_file_location("sass_regions", ROOT / "scripts" / "sass_regions.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sass_regions"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def mod(script):
+    return script("sass_regions")
 
 
 def test_parse_frames_and_loop(mod):

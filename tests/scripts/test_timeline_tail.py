@@ -3,24 +3,18 @@ on a launch made up so that every figure is known."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ["cta", "k", "item", "entry_us", "item_us", "first_copy_us", "first_s_us", "last_trip_us", "folded_us",
            "stored_us", "written_us", "counted_us", "merge_fenced_us", "merge_weighted_us", "merged_us",
            "quarter1_us", "half_us", "quarter3_us"]
 
 
 @pytest.fixture(scope="module")
-def tail():
-    spec = importlib.util.spec_from_file_location("timeline_tail", ROOT / "scripts" / "timeline_tail.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def tail(script):
+    return script("timeline_tail")
 
 
 def _launch(quarters: bool, extra_piece: bool = False) -> dict:
