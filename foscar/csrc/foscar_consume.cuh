@@ -586,8 +586,8 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
 // loop below, with the piece's end read from the flag the producer leaves beside each stage.
 template <class T, class KSide, class VSide>
 __device__ __forceinline__ void consume_piece(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
-                                              RingCursor<T>& ring, WorkItem& w, int k, bool empty) {
-  const int item = static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x);  // the timeline's index
+                                              RingCursor<T>& ring, WorkItem& w, bool empty) {
+  const int item = static_cast<int>(blockIdx.x) + w.k * static_cast<int>(gridDim.x);  // the timeline's index
   if (L.tid == 0) timeline_stamp(p, item, kTlItem);
   KSide ks;
   VSide vs;
@@ -619,7 +619,7 @@ __device__ __forceinline__ void consume_piece(const DecodeParams& p, SharedStora
   }
   // The rest of the piece from its mailbox entry, which the consumers free only now (kept out
   // of registers through the trips).
-  const Piece& pc = s.piece[k & 1];
+  const Piece& pc = s.piece[w.k & 1];
   w.slot = pc.slot;
   w.thief = pc.flags & kPieceThief;
   w.direct = p.num_splits == 1 && !w.thief && !stolen;
@@ -646,7 +646,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     WorkItem w = work_item<T>(p, pc.item);
     w.chunk_begin = pc.begin;
     w.k = k;
-    consume_piece<T, KSide, VSide>(p, s, L, ring, w, k, pc.flags & kPieceEmpty);
+    consume_piece<T, KSide, VSide>(p, s, L, ring, w, pc.flags & kPieceEmpty);
     __syncwarp();
     if (L.lane == 0) mbar_arrive(&s.piece_empty[e]);  // the entry back to the producer
   }

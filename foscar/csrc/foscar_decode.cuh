@@ -472,33 +472,8 @@ struct RingCursor {
   __device__ __forceinline__ void next_trip() { advance(T::HP); }
 };
 
-// The producer warpgroup: one lane streams every stage of the CTA's items into the ring.
-template <class T>
-__device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
-  RingCursor<T> ring;  // the next stage to fill
-  for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
-    int early_lpage = -1;  // the nominal first chunk's page, its load issued before the length's returns
-    unsigned early_page = 0;
-    {
-      const int b = item / p.num_splits / (p.num_kv_heads / T::HP);  // work_item()'s w.b, before its length load
-      const int tok = (item % p.num_splits) * p.chunks_per_split * kChunk;
-      const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
-      if (lpage < p.max_pages) early_lpage = lpage, early_page = static_cast<unsigned>(p.page_table[(size_t)b * p.max_pages + lpage]);
-    }
-    const WorkItem w = work_item<T>(p, item);
-    if (w.chunk_end == w.chunk_begin) continue;
-    for (int j = w.chunk_begin - 1; j < w.chunk_end; ++j)
-#pragma unroll
-      for (int hp = 0; hp < T::HP; ++hp, ring.advance(1)) {
-        mbar_wait(&s.empty[ring.slot], ring.phase ^ 1u);  // the consumers freed its last use
-        if (hp == 0 && j < w.chunk_begin) timeline_stamp(p, item, kTlFirstCopy);
-        fill_stage<T>(p, s, ring.slot, w.b, w.h + hp, w.chunk_begin, w.chunk_end, j, early_lpage, early_page);
-      }
-  }
-}
-
-#if FOSCAR_STEAL
-// The first page of an item's nominal first chunk, read before its length (produce()'s early page).
+// The page of an item's nominal first chunk (the split's, before the sequence's length says where
+// it starts), its load issued before the length's returns (fill_stage's early page).
 struct EarlyPage {
   int lpage = -1;
   unsigned page = 0;
@@ -506,13 +481,32 @@ struct EarlyPage {
 template <class T>
 __device__ __forceinline__ EarlyPage early_page_of(const DecodeParams& p, int item) {
   EarlyPage e;
-  const int b = item / p.num_splits / (p.num_kv_heads / T::HP);
+  const int b = item / p.num_splits / (p.num_kv_heads / T::HP);  // work_item()'s w.b, before its length load
   const int tok = (item % p.num_splits) * p.chunks_per_split * kChunk;
   const int lpage = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
   if (lpage < p.max_pages) e.lpage = lpage, e.page = static_cast<unsigned>(p.page_table[(size_t)b * p.max_pages + lpage]);
   return e;
 }
 
+// The producer warpgroup: one lane streams every stage of the CTA's items into the ring.
+template <class T>
+__device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
+  RingCursor<T> ring;  // the next stage to fill
+  for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
+    const EarlyPage ep = early_page_of<T>(p, item);
+    const WorkItem w = work_item<T>(p, item);
+    if (w.chunk_end == w.chunk_begin) continue;
+    for (int j = w.chunk_begin - 1; j < w.chunk_end; ++j)
+#pragma unroll
+      for (int hp = 0; hp < T::HP; ++hp, ring.advance(1)) {
+        mbar_wait(&s.empty[ring.slot], ring.phase ^ 1u);  // the consumers freed its last use
+        if (hp == 0 && j < w.chunk_begin) timeline_stamp(p, item, kTlFirstCopy);
+        fill_stage<T>(p, s, ring.slot, w.b, w.h + hp, w.chunk_begin, w.chunk_end, j, ep.lpage, ep.page);
+      }
+  }
+}
+
+#if FOSCAR_STEAL
 // The producer of FOSCAR_STEAL: warp 0 of the producer warpgroup. Lane 0 posts each piece and
 // streams its stages as produce() does; the warp scans for work to steal once the CTA's own
 // items are done. Lane 0's state between pieces lives in one struct so the lanes stay together.
