@@ -422,6 +422,23 @@ __device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const L
   }
 }
 
+// An item's start: its query (and the K side's constants) loaded, V's sums zeroed, and, where it
+// has chunks, its first chunk's S, whose stage goes back to the producer.
+template <class T, class KSide, class VSide>
+__device__ __forceinline__ void begin_item(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                                           int item, bool has_chunks, KSide& ks, VSide& vs, SStream<T, KSide>& ss,
+                                           RingCursor<T>& ring) {
+  if (L.tid == 0) timeline_stamp(p, item, kTlItem);
+  vs.reset();
+  load_query<T>(p, s, L, w, ks);
+  if (has_chunks) {
+    ss.first();
+    if (L.tid == 0) timeline_stamp(p, item, kTlFirstS);
+    ss.release();
+    ring.next_trip();
+  }
+}
+
 // Trip c of an item's chunk loop: V of chunk c against its P, S of chunk c + 1 issued beside it.
 // Whether it is the item's last (no next S to issue) is c == chunk_end - 1, or, where kFlags
 // (FOSCAR_STEAL, whose producer decides a piece's end as it goes), the flag the producer leaves by
@@ -588,20 +605,11 @@ template <class T, class KSide, class VSide>
 __device__ __forceinline__ void consume_piece(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
                                               RingCursor<T>& ring, WorkItem& w, bool empty) {
   const int item = static_cast<int>(blockIdx.x) + w.k * static_cast<int>(gridDim.x);  // the timeline's index
-  if (L.tid == 0) timeline_stamp(p, item, kTlItem);
   KSide ks;
   VSide vs;
   WarpSoftmax sm;
-  vs.reset();
-  load_query<T>(p, s, L, w, ks);
-
   SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
-  if (!empty) {
-    ss.first();
-    if (L.tid == 0) timeline_stamp(p, item, kTlFirstS);
-    ss.release();
-    ring.next_trip();
-  }
+  begin_item<T>(p, s, L, w, item, !empty, ks, vs, ss, ring);
   // Trip c, whose end the producer's flag beside its stage says. Returns the flags.
   auto trip = [&](int c) { return run_trip<true>(s, L, ss, ks, vs, sm, ring, c, 0); };
   w.units = 0;
@@ -659,20 +667,11 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
   RingCursor<T> ring;  // the current trip's stages
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
-    if (L.tid == 0) timeline_stamp(p, item, kTlItem);
     KSide ks;
     VSide vs;
     WarpSoftmax sm;
-    vs.reset();
-    load_query<T>(p, s, L, w, ks);
-
     SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
-    if (w.chunk_end > w.chunk_begin) {
-      ss.first();
-      if (L.tid == 0) timeline_stamp(p, item, kTlFirstS);
-      ss.release();
-      ring.next_trip();
-    }
+    begin_item<T>(p, s, L, w, item, w.chunk_end > w.chunk_begin, ks, vs, ss, ring);
     // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it.
     auto trip = [&](int c) { run_trip<false>(s, L, ss, ks, vs, sm, ring, c, w.chunk_end); };
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) {
