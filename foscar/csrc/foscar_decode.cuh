@@ -99,6 +99,8 @@ constexpr int kTimelineItems = 4;
 #define FOSCAR_STEAL 0
 #endif
 constexpr bool kSteal = FOSCAR_STEAL != 0;
+constexpr int kStealWindow = 32;  // range words a thief reads per look
+constexpr int kStealEmptyLooks = 2;  // looks that find nothing before a thief stops
 // A range word: front (bits 0-23) and back (24-47) in segments, steals (48-63).
 struct StealRange {
   __host__ __device__ static constexpr unsigned long long pack(int front, int back, int steals) {
@@ -507,15 +509,17 @@ __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
 }
 
 #if FOSCAR_STEAL
-// The producer of FOSCAR_STEAL: warp 0 of the producer warpgroup. Lane 0 posts each piece and
-// streams its stages as produce() does; the warp scans for work to steal once the CTA's own
-// items are done. Lane 0's state between pieces lives in one struct so the lanes stay together.
+// The producer of FOSCAR_STEAL: thread 0 alone, as produce(). It streams the CTA's own items, then
+// what it finds to steal, one piece at a time, each posted to the consumers first. (Any other
+// thread in the producer's branch, a warp-wide scan among them, or a claim's result used as it
+// comes, and ptxas takes the stage loop off the uniform datapath: see lone_uniform.) Its state
+// between pieces lives in one struct.
 template <class T>
 struct StealingProducer {
   RingCursor<T> ring;  // the next stage to fill
 
-  // Posts a piece; the count posted lives in shared memory (s.pieces_posted, lane 0's alone), so
-  // that the stage loops, at the producer's 24 registers, carry one value fewer.
+  // Posts a piece; the count posted lives in shared memory (s.pieces_posted), so that the stage
+  // loops, at the producer's 24 registers, carry one value fewer.
   __device__ __forceinline__ void post(const DecodeParams& p, SharedStorage<T>& s, int item, int begin, int slot, int flags) {
     const int posted = s.pieces_posted;
     const int e = posted & 1;
@@ -534,8 +538,9 @@ struct StealingProducer {
       fill_stage<T>(p, s, ring.slot, w.b, w.h + hp, begin, next ? j + 2 : j + 1, j, ep.lpage, ep.page);
     }
   }
-  // The CTA's own item: its segments claimed from the front, one ahead of the stage that needs
-  // the next segment's first chunk, until the split ends or a claim finds a thief there first.
+  // The CTA's own item: its segments claimed from the front, each claim made at the stage whose K
+  // copy needs the next segment's first chunk, until the split ends or a claim finds a thief there
+  // first. Between claims the stages run an inner loop like produce()'s.
   __device__ __forceinline__ void own(const DecodeParams& p, SharedStorage<T>& s, int item) {
     const EarlyPage ep = early_page_of<T>(p, item);
     const WorkItem w = work_item<T>(p, item);
@@ -544,31 +549,25 @@ struct StealingProducer {
     const int seg = p.steal_seg;
     // Segment 0 is the owner's; one split never stolen from puts its word back to 0 once it has
     // claimed the last segment (a merge resets the others').
-    // owned: the end of the chunks claimed, times 4, plus kTripLast once all are claimed (and
-    // kTripStolen if a claim found a thief there first): one register in the stage loop.
-    int owned = 4 * min(w.chunk_begin + seg, w.chunk_end);
+    int end = min(w.chunk_begin + seg, w.chunk_end);  // the chunks claimed so far end here
     atomicExch(p.ws_range + item, StealRange::pack(1, (w.chunk_end - w.chunk_begin + seg - 1) / seg, 0));
-    if (owned == 4 * w.chunk_end) {
-      owned |= kTripLast;
-      if (p.num_splits == 1) atomicExch(p.ws_range + item, 0ull);
-    }
-    for (int j = w.chunk_begin - 1;; ++j) {
-      if (!(owned & kTripLast) && 4 * (j + 1) == owned) {
+    if (end == w.chunk_end && p.num_splits == 1) atomicExch(p.ws_range + item, 0ull);
+    int j = w.chunk_begin - 1;
+    for (;;) {
+      for (; j < end - 1; ++j) fill(p, s, w, w.chunk_begin, j, true, 0, ep);  // chunk j + 1 is ours
+      bool stolen = false;
+      if (end < w.chunk_end) {  // stage end - 1: is chunk `end` ours too?
         emu_pause_before_claim();
         const unsigned long long old = atomicAdd(p.ws_range + item, 1ull);
-        if (StealRange::front(old) < StealRange::back(old)) {
-          owned = 4 * min(owned / 4 + seg, w.chunk_end);
-          if (owned == 4 * w.chunk_end) {
-            owned |= kTripLast;
-            if (p.num_splits == 1) atomicExch(p.ws_range + item, 0ull);
-          }
-        } else {
-          owned |= kTripLast | kTripStolen;
+        if (lone_uniform(StealRange::front(old) < StealRange::back(old))) {
+          end = min(end + seg, w.chunk_end);
+          if (end == w.chunk_end && p.num_splits == 1) atomicExch(p.ws_range + item, 0ull);
+          continue;
         }
+        stolen = true;
       }
-      const bool last = j + 1 == owned / 4;
-      fill(p, s, w, w.chunk_begin, j, !last, last ? static_cast<uint8_t>(owned & 3) : 0, ep);
-      if (last) return;
+      fill(p, s, w, w.chunk_begin, j, false, stolen ? kTripLast | kTripStolen : kTripLast, ep);  // the last stage
+      return;
     }
   }
   // Segments [first, end_seg) of another CTA's item, taken as its (steals + 1)-th thief.
@@ -577,57 +576,51 @@ struct StealingProducer {
     const int begin = w.chunk_begin + first * p.steal_seg;
     const int end = min(w.chunk_begin + end_seg * p.steal_seg, w.chunk_end);
     post(p, s, item, begin, w.split * (1 + p.steal_extra) + 1 + steals, kPieceThief);
-    for (int j = begin - 1;; ++j) {
-      const bool last = j + 1 == end;
-      fill(p, s, w, begin, j, !last, last ? kTripLast : 0, EarlyPage{});
-      if (last) return;
-    }
+    int j = begin - 1;
+    for (; j < end - 1; ++j) fill(p, s, w, begin, j, true, 0, EarlyPage{});
+    fill(p, s, w, begin, j, false, kTripLast, EarlyPage{});
   }
 };
 
 template <class T>
 __device__ void produce_stealing(const DecodeParams& p, SharedStorage<T>& s) {
-  const int lane = threadIdx.x & 31;
-  if (lane == 0) s.pieces_posted = 0;
   StealingProducer<T> pr;
-  for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
-    if (lane == 0) pr.own(p, s, item);
-  }
-  __syncwarp();
-  // Then the back half of the unclaimed segments of an item with many, while one has two. The
-  // CTAs that end together scan together: each takes, not the item with the most, but the first
-  // lane's candidate, from a lane of its own on, that holds at least half the most, so that they
-  // spread over the items that have work rather than all race for one.
-  for (int misses = 0; misses < 32;) {
-    int best = -1, best_rem = 1;  // this lane's items: the one with the most unclaimed segments
-    for (int i = lane; i < p.num_items; i += 32) {
+  s.pieces_posted = 0;
+  for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) pr.own(p, s, item);
+  // Then the back half of the unclaimed segments of an item with many, while one has two: each
+  // look reads a window of 32 range words, from a window of the CTA's own on (so that the CTAs
+  // that end together look at different items), and takes the one with the most segments left.
+  // A window with none moves the look on; kStealEmptyLooks of them in a row end it (the CTA's
+  // exit waits for its producer, and a round of every window would cost batch 1 tens of us).
+  const int n = p.num_items, window = min(kStealWindow, n);
+  int next = static_cast<int>(blockIdx.x) * kStealWindow % n;
+  for (int empty = 0, lost = 0; p.steal_extra > 0 && empty < kStealEmptyLooks && empty * window < n &&
+                                lost < kStealWindow;) {
+    int best = -1, best_rem = 1;
+    unsigned long long best_x = 0;
+#pragma unroll 4
+    for (int k = 0; k < window; ++k) {
+      const int i = next + k < n ? next + k : next + k - n;
       const unsigned long long x = ld_relaxed_u64(p.ws_range + i);
       const int rem = StealRange::back(x) - StealRange::front(x);
-      if (rem > best_rem && StealRange::steals(x) < p.steal_extra) best = i, best_rem = rem;
+      if (rem > best_rem && StealRange::steals(x) < p.steal_extra) best = i, best_rem = rem, best_x = x;
     }
-    int most = best_rem;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) most = max(most, __shfl_xor_sync(0xffffffffu, most, o));
-    if (most < 2) break;  // no item has two segments left: done
-    const int from = (static_cast<int>(blockIdx.x) + misses) & 31;
-    int key = best >= 0 && 2 * best_rem >= most ? ((lane - from) & 31) : 64;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) key = min(key, __shfl_xor_sync(0xffffffffu, key, o));
-    best = __shfl_sync(0xffffffffu, best, (key + from) & 31);
-    int taken = 0;
-    if (lane == 0) {
-      const unsigned long long x = ld_relaxed_u64(p.ws_range + best);
-      const int front = StealRange::front(x), back = StealRange::back(x), steals = StealRange::steals(x);
-      const int take = (back - front) / 2;
-      if (take > 0 && steals < p.steal_extra &&
-          atomicCAS(p.ws_range + best, x, StealRange::pack(front, back - take, steals + 1)) == x) {
-        pr.steal(p, s, best, back - take, back, steals);
-        taken = 1;
-      }
+    best = lone_uniform(best);  // (what the loads steer stays off the stage loop's datapath)
+    if (best < 0) {
+      ++empty;
+      next = next + window < n ? next + window : next + window - n;
+      continue;
     }
-    misses = __shfl_sync(0xffffffffu, taken, 0) ? 0 : misses + 1;
+    const int front = lone_uniform(StealRange::front(best_x)), back = lone_uniform(StealRange::back(best_x));
+    const int steals = lone_uniform(StealRange::steals(best_x)), take = (back - front) / 2;
+    if (!lone_uniform(atomicCAS(p.ws_range + best, best_x, StealRange::pack(front, back - take, steals + 1)) == best_x)) {
+      ++lost;  // another CTA changed the word first: look again
+      continue;
+    }
+    empty = lost = 0;
+    pr.steal(p, s, best, back - take, back, steals);
   }
-  if (lane == 0) pr.post(p, s, -1, 0, 0, 0);
+  pr.post(p, s, -1, 0, 0, 0);
 }
 #endif
 
@@ -1462,7 +1455,7 @@ __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>:
   if (threadIdx.x < 128) {  // producer warpgroup: one lane streams, the rest leave
     setmaxnreg_dec<T::kProducerRegs>();
 #if FOSCAR_STEAL
-    if (threadIdx.x < 32) produce_stealing<T>(p, s);  // warp 0: lane 0 streams, the warp scans for work
+    if (threadIdx.x == 0) produce_stealing<T>(p, s);  // thread 0 streams, then steals
 #else
     if (threadIdx.x == 0) produce<T>(p, s);
 #endif

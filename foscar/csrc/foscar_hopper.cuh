@@ -240,6 +240,11 @@ __device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long
 }
 // Nothing on the GPU; the host emulation may pause here so that another CTA runs first.
 __device__ __forceinline__ void emu_pause_before_claim() {}
+// A value the stealing producer's lone thread read from memory (an atomic's result, a shared
+// word), passed through a one-lane REDUX so that ptxas knows it warp-uniform. Without it, the
+// stage loop that the value steers leaves the uniform datapath: at the producer's 24 registers its
+// page and address arithmetic moves to vector registers and spills (v36, docs/PERFORMANCE.md).
+__device__ __forceinline__ int lone_uniform(int v) { return __reduce_max_sync(1u, v); }
 
 // The GPU's global nanosecond clock (one clock for every SM, unlike clock64): lab knob
 // FOSCAR_TIMELINE's stamps.
