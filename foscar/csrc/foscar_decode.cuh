@@ -101,6 +101,7 @@ constexpr int kTimelineItems = 4;
 constexpr bool kSteal = FOSCAR_STEAL != 0;
 constexpr int kStealWindow = 32;  // range words a thief reads per look
 constexpr int kStealEmptyLooks = 2;  // looks that find nothing before a thief stops
+constexpr int kStealLostRaces = 32;  // compare-and-swaps lost in a row before a thief stops
 // A range word: front (bits 0-23) and back (24-47) in segments, steals (48-63).
 struct StealRange {
   __host__ __device__ static constexpr unsigned long long pack(int front, int back, int steals) {
@@ -595,7 +596,7 @@ __device__ void produce_stealing(const DecodeParams& p, SharedStorage<T>& s) {
   const int n = p.num_items, window = min(kStealWindow, n);
   int next = static_cast<int>(blockIdx.x) * kStealWindow % n;
   for (int empty = 0, lost = 0; p.steal_extra > 0 && empty < kStealEmptyLooks && empty * window < n &&
-                                lost < kStealWindow;) {
+                                lost < kStealLostRaces;) {
     int best = -1, best_rem = 1;
     unsigned long long best_x = 0;
 #pragma unroll 4
