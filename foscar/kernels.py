@@ -31,9 +31,13 @@ MAX_FORCED_SPLITS = 128  # the kernels' (foscar_dispatch.h: the split merge's sh
 MAX_ITEM_CHUNKS = {2: 2048, 4: 2048}
 # The planner's costs, in chunk times: a work item's setup and finish beside its chunks, and the
 # merge of a sequence's splits. 4 fits split counts forced at six shapes, 3 and 4 CTAs per SM
-# (docs/data/lab_v14_splits.json); 1.5 over-split at 4 CTAs (up to 12 % slower).
+# (docs/data/lab_v14_splits.json); 1.5 over-split at 4 CTAs (up to 12 % slower). The merge reads
+# every split's partial, so it grows with their count: 0.09 a split fits batch 1's one-head
+# kernels at four CTAs, where 64 splits of one chunk ran 18 % slower than 32 of two at 4K tokens
+# and 64 of four level with 43 of six at 16K (docs/data/lab_v35_splits_b1_kv*.json).
 ITEM_OVERHEAD_CHUNKS = 4.0
 MERGE_CHUNKS = 1.0
+MERGE_CHUNKS_PER_SPLIT = 0.09
 VARIANTS = ("fold", "dequant")
 # Lab knob FOSCAR_TIMELINE (foscar_decode.cuh, TimelinePhase): per CTA and each of its first
 # TIMELINE_ITEMS items, one %globaltimer stamp (ns) per phase, in this order; 0 where not reached.
@@ -51,6 +55,15 @@ def steal_plan(num_splits: int, segment_chunks: int | None = None) -> tuple[int,
     if isinstance(seg, bool) or not isinstance(seg, int) or seg < 1:
         raise ValueError(f"steal_segment_chunks={segment_chunks!r} is not a chunk count; pass an int >= 1 or None.")
     return seg, max(0, min(STEAL_MAX_EXTRA, MAX_FORCED_SPLITS // num_splits - 1))
+def steal_workspace_ints(counters: int, items: int) -> int:
+    """int32s of a FOSCAR_STEAL launch's counter workspace: the arrival counters, one 8-byte range
+    word per item, then the count of unclaimed segments, each part 16-byte aligned (a thief copies
+    the range words in bulk, 16 bytes a unit)."""
+    def up4(n: int) -> int:
+        return -(-n // 4) * 4
+    return up4(counters) + up4(2 * items) + 4
+
+
 TIMELINE_PHASES = ("entry", "item", "first_copy", "first_s", "last_trip", "folded", "stored", "written", "counted",
                    "merge_fenced", "merge_weighted", "merged", "quarter1", "half", "quarter3")
 
@@ -164,7 +177,7 @@ def plan_launch(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int,
         items = base * used
         ctas = min(items, slots)
         rounds = math.ceil(items / ctas)
-        cost = rounds * (per_split + ITEM_OVERHEAD_CHUNKS) + (MERGE_CHUNKS if used > 1 else 0.0)
+        cost = rounds * (per_split + ITEM_OVERHEAD_CHUNKS) + (MERGE_CHUNKS + MERGE_CHUNKS_PER_SPLIT * used if used > 1 else 0.0)
         if best is None or cost < best[0] - 1e-9:
             best = (cost, LaunchPlan(used, per_split, ctas))
     return best[1]
@@ -384,7 +397,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     counters = batch * cache.num_kv_heads
     items = batch * (cache.num_kv_heads // kv_heads_per_item) * splits
     ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * slots * head_dim, batch * num_q_heads * slots * 2,
-                                      (counters + counters % 2 + 2 * items) if steals else counters)
+                                      steal_workspace_ints(counters, items) if steals else counters)
     return _Args(
         q.data_ptr(), out.data_ptr(), cache.k_codes.data_ptr(), cache.v_codes.data_ptr(),
         cache.k_params.data_ptr(), cache.v_params.data_ptr(), cache.page_table.data_ptr(),

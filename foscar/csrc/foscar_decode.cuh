@@ -99,8 +99,6 @@ constexpr int kTimelineItems = 4;
 #define FOSCAR_STEAL 0
 #endif
 constexpr bool kSteal = FOSCAR_STEAL != 0;
-constexpr int kStealWindow = 32;  // range words a thief reads per look
-constexpr int kStealEmptyLooks = 2;  // looks that find nothing before a thief stops
 constexpr int kStealLostRaces = 32;  // compare-and-swaps lost in a row before a thief stops
 // A range word: front (bits 0-23) and back (24-47) in segments, steals (48-63).
 struct StealRange {
@@ -148,6 +146,7 @@ struct DecodeParams {
   float sm_scale_log2;          // softmax scale times log2(e)
 #if FOSCAR_STEAL
   unsigned long long* ws_range;  // [num_items] StealRange words, 0 between launches (after the counters in ws_count)
+  int* ws_unclaimed;             // segments no one has claimed yet, over every item begun (after the words; 0 between launches)
   int steal_seg;                 // chunks a segment
   int steal_extra;               // thieves' partial slots per split (each split's slots: its own, then these)
   int slots;                     // partial slots per (sequence, query head): num_splits (1 + steal_extra)
@@ -190,9 +189,11 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.num_items = a.batch * (a.num_kv_heads / p.heads_per_item) * a.num_splits;
   p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
 #if FOSCAR_STEAL
-  // The range words follow the counters, 8-byte aligned.
+  // The range words follow the counters, then the count of unclaimed segments, each 16-byte
+  // aligned (a thief's look copies the words in bulk, in 16-byte units).
   const int counters = a.batch * a.num_kv_heads;
-  p.ws_range = reinterpret_cast<unsigned long long*>(a.ws_count + ((counters + 1) & ~1));
+  p.ws_range = reinterpret_cast<unsigned long long*>(a.ws_count + ((counters + 3) & ~3));
+  p.ws_unclaimed = reinterpret_cast<int*>(p.ws_range) + ((2 * p.num_items + 3) & ~3);
   p.steal_seg = a.steal_segment_chunks > 0 ? a.steal_segment_chunks : 1 << 20;
   p.steal_extra = a.steal_extra_slots;
   p.slots = a.num_splits * (1 + a.steal_extra_slots);
@@ -300,6 +301,7 @@ struct SharedStorage {
   uint8_t trip_flags[T::kStages];          // kTripLast, kTripStolen of the trip a stage starts
   int merge_slots;                         // the merge: how many partial slots it reads (listed in s.merge)
   int pieces_posted;                       // the producer's count
+  uint64_t look_full;                      // a thief's look: its copy of the range words landed
 #endif
 };
 
@@ -551,7 +553,9 @@ struct StealingProducer {
     // Segment 0 is the owner's; one split never stolen from puts its word back to 0 once it has
     // claimed the last segment (a merge resets the others').
     int end = min(w.chunk_begin + seg, w.chunk_end);  // the chunks claimed so far end here
-    atomicExch(p.ws_range + item, StealRange::pack(1, (w.chunk_end - w.chunk_begin + seg - 1) / seg, 0));
+    const int segments = (w.chunk_end - w.chunk_begin + seg - 1) / seg;
+    atomicExch(p.ws_range + item, StealRange::pack(1, segments, 0));
+    if (segments > 1) atomicAdd(p.ws_unclaimed, segments - 1);  // (no result: a reduction)
     if (end == w.chunk_end && p.num_splits == 1) atomicExch(p.ws_range + item, 0ull);
     int j = w.chunk_begin - 1;
     for (;;) {
@@ -561,6 +565,7 @@ struct StealingProducer {
         emu_pause_before_claim();
         const unsigned long long old = atomicAdd(p.ws_range + item, 1ull);
         if (lone_uniform(StealRange::front(old) < StealRange::back(old))) {
+          atomicAdd(p.ws_unclaimed, -1);
           end = min(end + seg, w.chunk_end);
           if (end == w.chunk_end && p.num_splits == 1) atomicExch(p.ws_range + item, 0ull);
           continue;
@@ -588,37 +593,53 @@ __device__ void produce_stealing(const DecodeParams& p, SharedStorage<T>& s) {
   StealingProducer<T> pr;
   s.pieces_posted = 0;
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) pr.own(p, s, item);
-  // Then the back half of the unclaimed segments of an item with many, while one has two: each
-  // look reads a window of 32 range words, from a window of the CTA's own on (so that the CTAs
-  // that end together look at different items), and takes the one with the most segments left.
-  // A window with none moves the look on; kStealEmptyLooks of them in a row end it (the CTA's
-  // exit waits for its producer, and a round of every window would cost batch 1 tens of us).
-  const int n = p.num_items, window = min(kStealWindow, n);
-  int next = static_cast<int>(blockIdx.x) * kStealWindow % n;
-  for (int empty = 0, lost = 0; p.steal_extra > 0 && empty < kStealEmptyLooks && empty * window < n &&
-                                lost < kStealLostRaces;) {
+  // Then the back half of the unclaimed segments of an item with many, while one has two. A look
+  // copies the range words in bulk (one round trip to L2, where v36b's 32 loads took eight) into
+  // the ring stage the producer fills next, borrowed: its consumers are done with it, and the
+  // piece stolen next fills it. It takes the item with the most segments left, first met from an
+  // offset of the CTA's own (so that thieves that look together pick different items among
+  // equals). Launches of more items than a stage holds look window by window; a round of them
+  // that finds nothing ends it, and so does the count of unclaimed segments, one load, once
+  // it is under two (the CTA's exit waits for its producer: at batch 1 that ends the launch).
+  constexpr int kLookWords = T::kStageBytes / 16 * 2;
+  const int n = p.num_items, cap = min(n, kLookWords);
+  uint32_t look_phase = 0;
+  for (int start = 0, looked = 0, lost = 0; p.steal_extra > 0 && looked < n && lost < kStealLostRaces;) {
+    if (lone_uniform(ld_relaxed_s32(p.ws_unclaimed)) < 2) break;
+    const int cnt = min(cap, n - start);
+    mbar_wait(&s.empty[pr.ring.slot], pr.ring.phase ^ 1u);
+    const unsigned long long* words = reinterpret_cast<const unsigned long long*>(s.ring[pr.ring.slot]);
+    const uint32_t bytes = (static_cast<uint32_t>(cnt) * 8u + 15u) & ~15u;
+    mbar_arrive_expect_tx(&s.look_full, bytes);
+    bulk_copy_g2s(s.ring[pr.ring.slot], p.ws_range + start, bytes, &s.look_full);
+    mbar_wait(&s.look_full, look_phase);
+    look_phase ^= 1u;
     int best = -1, best_rem = 1;
     unsigned long long best_x = 0;
+    const int off = static_cast<int>(blockIdx.x) % cnt;
 #pragma unroll 4
-    for (int k = 0; k < window; ++k) {
-      const int i = next + k < n ? next + k : next + k - n;
-      const unsigned long long x = ld_relaxed_u64(p.ws_range + i);
+    for (int k = 0; k < cnt; ++k) {
+      const int i = off + k < cnt ? off + k : off + k - cnt;
+      const unsigned long long x = words[i];
       const int rem = StealRange::back(x) - StealRange::front(x);
       if (rem > best_rem && StealRange::steals(x) < p.steal_extra) best = i, best_rem = rem, best_x = x;
     }
+    fence_proxy_async_smem();  // the stage's reads before the copies write it again
     best = lone_uniform(best);  // (what the loads steer stays off the stage loop's datapath)
     if (best < 0) {
-      ++empty;
-      next = next + window < n ? next + window : next + window - n;
+      looked += cnt;
+      start = start + cnt < n ? start + cnt : 0;
       continue;
     }
+    best += start;
     const int front = lone_uniform(StealRange::front(best_x)), back = lone_uniform(StealRange::back(best_x));
     const int steals = lone_uniform(StealRange::steals(best_x)), take = (back - front) / 2;
     if (!lone_uniform(atomicCAS(p.ws_range + best, best_x, StealRange::pack(front, back - take, steals + 1)) == best_x)) {
       ++lost;  // another CTA changed the word first: look again
       continue;
     }
-    empty = lost = 0;
+    atomicAdd(p.ws_unclaimed, -take);
+    looked = lost = 0;
     pr.steal(p, s, best, back - take, back, steals);
   }
   pr.post(p, s, -1, 0, 0, 0);
@@ -1448,6 +1469,7 @@ __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>:
       mbar_init(&s.piece_full[i], 1);   // the producer's post
       mbar_init(&s.piece_empty[i], 4);  // one arrive per consumer warp
     }
+    mbar_init(&s.look_full, 1);  // the thief's arrive (and the copy's bytes)
 #endif
     mbar_init_fence();
     timeline_stamp(p, blockIdx.x, kTlEntry);  // before the barrier: the CTA's other stamps follow it

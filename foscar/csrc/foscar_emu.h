@@ -426,7 +426,7 @@ inline void setmaxnreg_dec() {}
 template <int N>
 inline void setmaxnreg_inc() {}
 
-inline unsigned long long ld_relaxed_u64(const unsigned long long* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+inline int ld_relaxed_s32(const int* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
 inline int lone_uniform(int v) { return v; }
 // FOSCAR_EMU_CLAIM_PAUSE_US=n: a work item's owner sleeps n us before each claim beyond its
 // first, so that in a launch with CTAs at once (FOSCAR_EMU_CONCURRENT_CTAS) the others run out

@@ -231,11 +231,11 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 
 __device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 
-// A 64-bit global word that other CTAs update with atomics, read from L2 without an atomic (lab
-// knob FOSCAR_STEAL's ranges, scanned for the one with the most work left).
-__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+// A global word that other CTAs update with atomics, read from L2 without an atomic (lab knob
+// FOSCAR_STEAL's count of unclaimed segments).
+__device__ __forceinline__ int ld_relaxed_s32(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 // Nothing on the GPU; the host emulation may pause here so that another CTA runs first.

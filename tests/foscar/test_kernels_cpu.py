@@ -225,7 +225,8 @@ def test_the_planner_picks_split_counts_measured_near_the_best():
 
 def test_a_stealing_build_gets_its_slots_and_range_words():
     # Lab knob FOSCAR_STEAL: the partials take num_splits (1 + extra) slots per (sequence, query
-    # head) and the counters are followed by one 8-byte range word per item (8-byte aligned);
+    # head) and the counters are followed by one 8-byte range word per item, then the count of
+    # unclaimed segments, each part 16-byte aligned (a thief's look copies the words in bulk);
     # without the knob the workspace is the default's and the struct's steal fields are 0.
     k = torch.randn(3, 700, 2, 128, dtype=torch.bfloat16)
     cache = foscar.quantize(k, k.clone(), [700, 300, 500], QuantConfig(bits=4, group_size=128, page_size=128))
@@ -245,6 +246,39 @@ def test_a_stealing_build_gets_its_slots_and_range_words():
     assert (steal.steal_segment_chunks, steal.steal_extra_slots) == (3, kernels.STEAL_MAX_EXTRA)
     slots = 2 * (1 + kernels.STEAL_MAX_EXTRA)
     items = 3 * 2 * 2  # sequences x KV heads x splits
-    assert sizes[-1] == (3 * 8 * slots * 128, 3 * 8 * slots * 2, 3 * 2 + 2 * items)
+    assert sizes[-1] == (3 * 8 * slots * 128, 3 * 8 * slots * 2, 8 + 2 * items + 4)  # 6 counters, padded to 8
+    assert kernels.steal_workspace_ints(5, 3) == 8 + 8 + 4 and kernels.steal_workspace_ints(4, 2) == 4 + 4 + 4
     with pytest.raises(ValueError, match="steal_segment_chunks=0"):
         kernels.launch_args(q, cache, torch.empty_like(q), steals=True, steal_segment_chunks=0, **common)
+
+
+def test_the_merge_cost_grows_with_the_splits():
+    # Batch 1's one-head kernels at four CTAs an SM (v35), split counts forced on the H200
+    # (docs/data/lab_v35_splits_b1_kv*.json, lab_v35s_b*_kv*.json): where the planner's choice was
+    # among those measured it must be within 6 % of the fastest. A merge of one chunk's cost
+    # whatever the split count chose 64 splits of one chunk at 4K tokens, 18 % slower than 32 of two.
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[2] / "docs/data"
+    judged = 0
+    for path in sorted(data.glob("lab_v35_splits_b*_kv*.json")) + sorted(data.glob("lab_v35s_b*_kv*.json")):
+        times: dict[tuple[str, int, int, int], dict[int, float]] = {}
+        for r in json.loads(path.read_text())["rows"]:
+            name, _, splits = r["variant"].partition("/s")
+            if r["status"] == "passed" and name == "v35" and splits:
+                times.setdefault((r["config"], r["batch"], r["kv_len"], r["bits"]), {})[int(splits)] = r["median_us"]
+        for (config, batch, kv_len, bits), by_splits in times.items():
+            plan = kernels.plan_launch(batch, 8, kv_len // kernels.CHUNK_TOKENS, num_sms=132, ctas_per_sm=4,
+                                       kv_heads_per_item=1, max_item_chunks=kernels.MAX_ITEM_CHUNKS[bits])
+            if plan.num_splits in by_splits:
+                judged += 1
+                assert by_splits[plan.num_splits] <= 1.06 * min(by_splits.values()), (path.name, config, plan, by_splits)
+    assert judged >= 2
+    old = kernels.MERGE_CHUNKS_PER_SPLIT
+    try:
+        kernels.MERGE_CHUNKS_PER_SPLIT = 0.0
+        assert kernels.plan_launch(1, 8, 64, num_sms=132, ctas_per_sm=4).num_splits == 64  # the old model's pick
+    finally:
+        kernels.MERGE_CHUNKS_PER_SPLIT = old
+    assert kernels.plan_launch(1, 8, 64, num_sms=132, ctas_per_sm=4).num_splits == 32

@@ -381,8 +381,9 @@ def test_stolen_tail_matches_reference(bits, k_mode, v_mode, _ctas_at_once):
 
 def test_stolen_tail_steals_and_leaves_the_workspace_at_zero(_ctas_at_once):
     # With the timeline: some CTA runs a second piece, taken from another's item (the short
-    # sequence's CTAs end first; which steals depends on the host's threads). Two launches on one workspace: the arrival counters and the range words
-    # after them are back at zero after each (or the next launch's merges and claims go wrong).
+    # sequence's CTAs end first; which steals depends on the host's threads). Two launches on one
+    # workspace: the arrival counters, the range words and the count of unclaimed segments after
+    # them are back at zero after each (or the next launch's merges and claims go wrong).
     from foscar import kernels
 
     knob = STEAL
@@ -394,12 +395,13 @@ def test_stolen_tail_steals_and_leaves_the_workspace_at_zero(_ctas_at_once):
                                 ctas_per_sm=lib.foscar_emu_ctas_per_sm, kv_heads_per_item=1)[1]
     assert plan.num_ctas == 4  # one item per CTA: (sequence, KV head)
     stamps = torch.zeros(kernels.timeline_entries(plan.num_ctas), dtype=torch.int64)
-    ws = (torch.empty(2 * 8 * 5 * 128), torch.empty(2 * 8 * 5 * 2), torch.zeros(4 + 2 * 4, dtype=torch.int32))
+    ws = (torch.empty(2 * 8 * 5 * 128), torch.empty(2 * 8 * 5 * 2),
+          torch.zeros(kernels.steal_workspace_ints(4, 4), dtype=torch.int32))
     for launch in range(2):
         stamps.zero_()
         out = emu.decode(q, cache, num_splits=1, kv_heads_per_item=1, defines=knob, timeline=stamps,
                          steal_segment_chunks=2, workspace=ws)
-        assert not ws[2].any(), f"launch {launch}: counters and range words left at {ws[2].tolist()}"
+        assert not ws[2].any(), f"launch {launch}: counters, range words or unclaimed count left at {ws[2].tolist()}"
         kd, vd = foscar.dequantize(cache, dtype=torch.float64)
         ref = attention_f64(q, kd, vd, lens)
         err = ((out.double() - ref).norm() / ref.norm()).item()
