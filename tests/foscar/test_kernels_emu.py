@@ -283,12 +283,15 @@ def test_ctas_per_sm_are_the_knobs_where_the_kernel_fits():
     # K channel, V channel, dequant, KV heads per item.
     from foscar import emu
     ctas = emu.load().foscar_emu_ctas_per_sm
-    assert ctas(4, 128, 1, 0, 0, 1) == 3  # INT4 one head per item
+    # One head per item (batch 1-5), G = 128: four for K channel-wise / V token-wise and INT2's
+    # token/token (v35), three for the others
+    assert [ctas(4, 128, k, v, 0, 1) for k, v in ((1, 0), (0, 0), (0, 1), (1, 1))] == [4, 3, 3, 3]
+    assert [ctas(2, 128, k, v, 0, 1) for k, v in ((1, 0), (0, 0), (0, 1), (1, 1))] == [4, 4, 3, 3]
     # INT4 paired G = 128: four but channel/channel (v26 token/token, v27 one side channel-wise)
     assert [ctas(4, 128, k, v, 0, 2) for k, v in ((0, 0), (1, 0), (0, 1), (1, 1))] == [4, 4, 4, 3]
     assert ctas(4, 64, 1, 0, 0, 2) == 3 and ctas(4, 128, 1, 0, 1, 2) == 3  # G = 64, the ablation
     assert [ctas(2, 128, k, v, 0, 2) for k in (0, 1) for v in (0, 1)] == [4, 4, 4, 4]  # INT2 paired G = 128
-    assert ctas(2, 128, 1, 0, 0, 1) == 3 and ctas(2, 64, 0, 0, 0, 2) == 3 and ctas(2, 128, 1, 0, 1, 2) == 3
+    assert ctas(2, 128, 1, 0, 1, 1) == 3 and ctas(2, 64, 0, 0, 0, 2) == 3 and ctas(2, 128, 1, 0, 1, 2) == 3
     assert [ctas(2, 64, k, v, 0, 2) for k, v in ((1, 1), (1, 0), (0, 1))] == [4, 3, 3]  # G = 64: channel/channel only
     assert ctas(2, 64, 1, 1, 0, 1) == 3 and ctas(4, 64, 1, 1, 0, 2) == 3
     assert ctas(2, 128, 0, 0, 1, 1) == -1 and ctas(3, 128, 1, 0, 0, 1) == -1  # not built
