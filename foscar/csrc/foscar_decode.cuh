@@ -323,8 +323,16 @@ struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   // kernel at G = 128 gained 4.8 % at batch 128 from four CTAs (level at 32; PERFORMANCE.md,
   // ninth session): v26 gives it four; v27 its K channel-wise / V token-wise and K token-wise / V
   // channel-wise kernels too (2-5 % at batch 128, 1 % slower at 32; channel/channel lost 2-6 %).
+  // v35: the one-head G = 128 kernels (batch 1-5) with K channel-wise and V token-wise, both
+  // widths, and INT2's token/token take four too: 4-7 % faster at batch 1 from 4K to 128K (a
+  // fourth CTA's warps where three left the bus a quarter idle between trips; 104 registers and
+  // no spill since K's operands are int8); INT4 token/token level, channel/channel 2 % slower
+  // (PERFORMANCE.md, sixteenth session).
+  static constexpr bool kOneHeadFourCtas =
+      HP_ == 1 && G_ == 128 && !DEQ_ && ((KCH_ && !VCH_) || (BITS_ == 2 && !KCH_ && !VCH_));
   static constexpr bool kFourCtas =
-      (BITS_ == 2 && HP_ == 2 && !DEQ_ && (G_ == 128 || (G_ == 64 && KCH_ && VCH_))) || Shape::kInt4FourCtas;
+      (BITS_ == 2 && HP_ == 2 && !DEQ_ && (G_ == 128 || (G_ == 64 && KCH_ && VCH_))) || Shape::kInt4FourCtas ||
+      kOneHeadFourCtas;
   static constexpr int kCtasTuned = kFourCtas ? 4 : kMinCtasPerSm;
   static constexpr int kCtasWidthKnob = BITS_ == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
   static constexpr int kCtasKnob = kCtasWidthKnob > 0 ? kCtasWidthKnob : kCtasTuned;

@@ -283,12 +283,15 @@ def test_ctas_per_sm_are_the_knobs_where_the_kernel_fits():
     # K channel, V channel, dequant, KV heads per item.
     from foscar import emu
     ctas = emu.load().foscar_emu_ctas_per_sm
-    assert ctas(4, 128, 1, 0, 0, 1) == 3  # INT4 one head per item
+    # One head per item (batch 1-5), G = 128: four for K channel-wise / V token-wise and INT2's
+    # token/token (v35), three for the others
+    assert [ctas(4, 128, k, v, 0, 1) for k, v in ((1, 0), (0, 0), (0, 1), (1, 1))] == [4, 3, 3, 3]
+    assert [ctas(2, 128, k, v, 0, 1) for k, v in ((1, 0), (0, 0), (0, 1), (1, 1))] == [4, 4, 3, 3]
     # INT4 paired G = 128: four but channel/channel (v26 token/token, v27 one side channel-wise)
     assert [ctas(4, 128, k, v, 0, 2) for k, v in ((0, 0), (1, 0), (0, 1), (1, 1))] == [4, 4, 4, 3]
     assert ctas(4, 64, 1, 0, 0, 2) == 3 and ctas(4, 128, 1, 0, 1, 2) == 3  # G = 64, the ablation
     assert [ctas(2, 128, k, v, 0, 2) for k in (0, 1) for v in (0, 1)] == [4, 4, 4, 4]  # INT2 paired G = 128
-    assert ctas(2, 128, 1, 0, 0, 1) == 3 and ctas(2, 64, 0, 0, 0, 2) == 3 and ctas(2, 128, 1, 0, 1, 2) == 3
+    assert ctas(2, 128, 1, 0, 1, 1) == 3 and ctas(2, 64, 0, 0, 0, 2) == 3 and ctas(2, 128, 1, 0, 1, 2) == 3
     assert [ctas(2, 64, k, v, 0, 2) for k, v in ((1, 1), (1, 0), (0, 1))] == [4, 3, 3]  # G = 64: channel/channel only
     assert ctas(2, 64, 1, 1, 0, 1) == 3 and ctas(4, 64, 1, 1, 0, 2) == 3
     assert ctas(2, 128, 0, 0, 1, 1) == -1 and ctas(3, 128, 1, 0, 0, 1) == -1  # not built
@@ -298,21 +301,21 @@ def test_ctas_per_sm_are_the_knobs_where_the_kernel_fits():
 
 
 def test_timeline_knob_stamps_each_ctas_phases():
-    # Lab knob FOSCAR_TIMELINE: one thread per CTA stamps its items' phases. Two KV heads in 2
-    # splits are 4 items; one SM's 3 CTAs take them, so CTA 0 runs a second item (k = 1). The
+    # Lab knob FOSCAR_TIMELINE: one thread per CTA stamps its items' phases. Two KV heads in 3
+    # splits are 6 items; one SM's 4 CTAs take them, so CTAs 0 and 1 run a second item (k = 1). The
     # output is the kernels' as ever; each item's stamps come in order, and of each (sequence,
     # KV head) exactly the split that arrived last (CTAs run one after another here) merged.
     from foscar import kernels
 
     knob = ("-DFOSCAR_TIMELINE=1",)
     seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=1, ratio=4)
-    lens = [300]
+    lens = [450]  # 6 packed chunks (3 splits of 2) and a 66-token tail
     q, cache = _data(config, lens, 2, 4, seed)
     lib = emu.load(knob)
-    splits, num_sms = 2, 1
+    splits, num_sms = 3, 1
     plan = kernels.resolve_plan(cache, q.shape[1], variant="fold", num_splits=splits, num_sms=num_sms,
                                 ctas_per_sm=lib.foscar_emu_ctas_per_sm)[1]
-    assert (plan.num_splits, plan.num_ctas) == (splits, 3)
+    assert (plan.num_splits, plan.num_ctas) == (splits, 4)
     stamps = torch.zeros(kernels.timeline_entries(plan.num_ctas), dtype=torch.int64)
     err = _error(q, cache, lens, num_splits=splits, num_sms=num_sms, defines=knob, timeline=stamps)
     assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
