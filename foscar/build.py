@@ -111,16 +111,17 @@ class BuildResult:
 
 
 _TEMPLATE = re.compile(
-    r"foscar_decode_kernel<(\d+), (\d+), (true|false), (true|false), (true|false), (\d+)>")
+    r"foscar_decode_kernel<(\d+), (\d+), (true|false), (true|false), (true|false), (\d+)(?:, (\d+))?>")
 
 
 def decode_template_args(name: str) -> tuple[int, int, int, int, int, int] | None:
     """(bits, group_size, k_channel, v_channel, dequant, kv_heads_per_item) of a demangled
-    decode kernel name: the instance the C API's queries name."""
+    decode kernel name: the instance the C API's queries name (a second instance, whose last
+    template argument is its CTAs per SM, shares its first's shared memory)."""
     m = _TEMPLATE.search(name)
     if not m:
         return None
-    bits, group, kch, vch, deq, heads = m.groups()
+    bits, group, kch, vch, deq, heads, _ = m.groups()
     return int(bits), int(group), int(kch == "true"), int(vch == "true"), int(deq == "true"), int(heads)
 
 

@@ -125,6 +125,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
 
     args = kernels.launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
                                num_sms=num_sms, ctas_per_sm=lib.foscar_emu_ctas_per_sm,
+                               alt_ctas_per_sm=lib.foscar_emu_ctas_per_sm_alt,
                                max_kv_heads_per_item=lib.foscar_emu_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                                kv_heads_per_item=kv_heads_per_item,
                                workspace=workspace_for, timeline=timeline,

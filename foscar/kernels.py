@@ -38,6 +38,12 @@ MAX_ITEM_CHUNKS = {2: 2048, 4: 2048}
 ITEM_OVERHEAD_CHUNKS = 4.0
 MERGE_CHUNKS = 1.0
 MERGE_CHUNKS_PER_SPLIT = 0.09
+# A kernel with a second instance at another CTA count (foscar_ctas_per_sm_alt: v37, batch 1-5's
+# one-head kernels of the paper's mode and INT2's token/token at four CTAs beside three) runs it
+# where that instance's plan gives a split at least this many chunks: four CTAs were 3-8 % faster
+# from 8 chunks a split (batch 1 from 32K, batches 2-5 at 8K and 32K) and 1-7 % slower with 1-6
+# (batch 1 at 2K-16K, batch 2 at 2K; docs/PERFORMANCE.md, nineteenth session).
+ALT_MIN_CHUNKS = 8
 VARIANTS = ("fold", "dequant")
 # Lab knob FOSCAR_TIMELINE (foscar_decode.cuh, TimelinePhase): per CTA and each of its first
 # TIMELINE_ITEMS items, one %globaltimer stamp (ns) per phase, in this order; 0 where not reached.
@@ -86,6 +92,7 @@ class _Args(ctypes.Structure):
         ("sm_scale", ctypes.c_float), ("device", ctypes.c_int32),
         ("timeline", ctypes.c_void_p),
         ("steal_segment_chunks", ctypes.c_int32), ("steal_extra_slots", ctypes.c_int32),
+        ("ctas_per_sm", ctypes.c_int32),
     ]
 
 
@@ -119,6 +126,12 @@ def bind(lib: ctypes.CDLL, prefix: str) -> ctypes.CDLL:
     ctas = getattr(lib, f"{prefix}_ctas_per_sm")
     ctas.argtypes = [ctypes.c_int] * 6
     ctas.restype = ctypes.c_int
+    try:  # libraries built before v37 (kernel_lab --prebuilt) have no second instances
+        alt = getattr(lib, f"{prefix}_ctas_per_sm_alt")
+        alt.argtypes = [ctypes.c_int] * 6
+        alt.restype = ctypes.c_int
+    except AttributeError:
+        setattr(lib, f"{prefix}_ctas_per_sm_alt", lambda *instance: 0)
     heads = getattr(lib, f"{prefix}_kv_heads_per_item")
     heads.argtypes = [ctypes.c_int, ctypes.c_int]
     heads.restype = ctypes.c_int
@@ -140,6 +153,7 @@ class LaunchPlan:
     num_splits: int
     chunks_per_split: int
     num_ctas: int
+    ctas_per_sm: int = 0  # the instance launched: 0 the kernel's own, else its second's count (ALT_MIN_CHUNKS)
 
 
 # Two KV heads per item (where the library can pair them) from this many (sequence, KV head)
@@ -289,6 +303,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     args = launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
                        num_sms=num_sms, ctas_per_sm=lib.foscar_ctas_per_sm,
+                       alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt,
                        max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                        kv_heads_per_item=kv_heads_per_item,
                        workspace=lambda *sizes: _workspace(q.device, *sizes), device=device, timeline=timeline,
@@ -306,7 +321,7 @@ def decode_plan(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str = "fol
     lib = library or load_library()
     return resolve_plan(cache, q.shape[1], variant=variant, num_splits=num_splits,
                         num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count,
-                        ctas_per_sm=lib.foscar_ctas_per_sm,
+                        ctas_per_sm=lib.foscar_ctas_per_sm, alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt,
                         max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                         kv_heads_per_item=kv_heads_per_item)[1]
 
@@ -324,9 +339,12 @@ def kernel_instance(cfg: QuantConfig, variant: str) -> tuple[int, int, int, int,
 
 def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num_splits: int | None, num_sms: int,
                  ctas_per_sm: int | Callable[..., int], max_kv_heads_per_item: int = 1,
-                 kv_heads_per_item: int | None = None) -> tuple[int, LaunchPlan]:
+                 kv_heads_per_item: int | None = None,
+                 alt_ctas_per_sm: int | Callable[..., int] = 0) -> tuple[int, LaunchPlan]:
     """The KV heads per item and the plan of one launch: the planner's, or its chunks over a
-    forced `num_splits`. `ctas_per_sm` as in launch_args."""
+    forced `num_splits`. `ctas_per_sm` and `alt_ctas_per_sm` as in launch_args: where the kernel
+    has a second instance and its plan's splits are at least ALT_MIN_CHUNKS long, the plan is
+    that instance's (its `ctas_per_sm` field says which)."""
     cfg = cache.config
     instance = kernel_instance(cfg, variant)
     if kv_heads_per_item is None:
@@ -341,7 +359,13 @@ def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num
             raise ValueError(f"the library builds no {variant} kernel for {cfg.bits}-bit codes, group_size="
                              f"{cfg.group_size}, K {cfg.k_mode}-wise, V {cfg.v_mode}-wise with {kv_heads_per_item} "
                              f"KV head(s) per item; check foscar.kernels.unsupported_reason first.")
+    if callable(alt_ctas_per_sm):
+        alt_ctas_per_sm = max(0, alt_ctas_per_sm(*instance, kv_heads_per_item))
     plan = _plan_cached(cache, num_sms, ctas_per_sm, kv_heads_per_item)
+    if alt_ctas_per_sm:
+        alt = _plan_cached(cache, num_sms, alt_ctas_per_sm, kv_heads_per_item)
+        if num_splits is None and alt.chunks_per_split >= ALT_MIN_CHUNKS:
+            return kv_heads_per_item, LaunchPlan(alt.num_splits, alt.chunks_per_split, alt.num_ctas, alt_ctas_per_sm)
     if num_splits is None:
         return kv_heads_per_item, plan
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_FORCED_SPLITS:
@@ -356,19 +380,23 @@ def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num
             f"num_splits={num_splits} leaves {per_split} chunks ({per_split * CHUNK_TOKENS} tokens) in a split; "
             f"the {cfg.bits}-bit kernels hold the gate's accuracy up to {longest} chunks a split: pass at "
             f"least {math.ceil(max_chunks / longest)}, or None for the automatic plan.")
-    ctas = min(cache.batch * (cache.num_kv_heads // kv_heads_per_item) * splits, num_sms * ctas_per_sm)
-    return kv_heads_per_item, LaunchPlan(splits, per_split, ctas)
+    chosen = alt_ctas_per_sm if alt_ctas_per_sm and per_split >= ALT_MIN_CHUNKS else 0
+    ctas = min(cache.batch * (cache.num_kv_heads // kv_heads_per_item) * splits, num_sms * (chosen or ctas_per_sm))
+    return kv_heads_per_item, LaunchPlan(splits, per_split, ctas, chosen)
 
 
 def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, sm_scale: float | None,
                 variant: str, num_splits: int | None, num_sms: int, ctas_per_sm: int | Callable[..., int],
                 workspace, device: int = 0, max_kv_heads_per_item: int = 1,
                 kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
-                steals: bool = False, steal_segment_chunks: int | None = None) -> _Args:
+                steals: bool = False, steal_segment_chunks: int | None = None,
+                alt_ctas_per_sm: int | Callable[..., int] = 0) -> _Args:
     """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
 
     `ctas_per_sm` is a count, or the library's foscar_ctas_per_sm, asked for the kernel instance
-    this launch runs (instances of one build may hold different numbers of CTAs per SM).
+    this launch runs (instances of one build may hold different numbers of CTAs per SM);
+    `alt_ctas_per_sm` likewise the count of the kernel's second instance, or 0 (none), or the
+    library's foscar_ctas_per_sm_alt (see resolve_plan).
 
     `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the zeroed
     arrival counters; the struct holds raw pointers, so the caller keeps every tensor alive
@@ -382,7 +410,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     kv_heads_per_item, plan = resolve_plan(cache, num_q_heads, variant=variant, num_splits=num_splits,
                                            num_sms=num_sms, ctas_per_sm=ctas_per_sm,
                                            max_kv_heads_per_item=max_kv_heads_per_item,
-                                           kv_heads_per_item=kv_heads_per_item)
+                                           kv_heads_per_item=kv_heads_per_item, alt_ctas_per_sm=alt_ctas_per_sm)
     splits, per_split, ctas = plan.num_splits, plan.chunks_per_split, plan.num_ctas
     if timeline is not None and not (isinstance(timeline, torch.Tensor) and timeline.dtype == torch.int64
                                      and timeline.device == q.device and timeline.is_contiguous()
@@ -406,7 +434,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         batch, num_q_heads, cache.num_kv_heads, head_dim,
         *kernel_instance(cfg, variant), cfg.page_size, cache.page_table.shape[1],
         splits, per_split, ctas, kv_heads_per_item, scale, device,
-        None if timeline is None else timeline.data_ptr(), seg, extra,
+        None if timeline is None else timeline.data_ptr(), seg, extra, plan.ctas_per_sm,
     )
 
 
@@ -415,9 +443,12 @@ def _plan_cached(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int, kv_hea
     # decode step inside a CUDA graph capture never synchronizes. After `append` grows the
     # cache in place the plan may be stale; the kernel's last split takes every remaining
     # unit, so a stale plan costs balance, never correctness.
-    key = ("_foscar_plan", num_sms, ctas_per_sm, kv_heads_per_item)
-    plan = getattr(cache, "_plan_memo", None)
-    if plan is None or plan[0] != key or plan[2] is not cache.seq_lens:
-        plan = (key, launch_plan(cache, num_sms, ctas_per_sm, kv_heads_per_item), cache.seq_lens)
-        cache._plan_memo = plan
-    return plan[1]
+    # One plan per (SMs, CTAs per SM, heads per item): a kernel with a second instance plans both.
+    key = (num_sms, ctas_per_sm, kv_heads_per_item)
+    memo = getattr(cache, "_plan_memo", None)
+    if memo is None or memo[0] is not cache.seq_lens:
+        memo = (cache.seq_lens, {})
+        cache._plan_memo = memo
+    if key not in memo[1]:
+        memo[1][key] = launch_plan(cache, num_sms, ctas_per_sm, kv_heads_per_item)
+    return memo[1][key]

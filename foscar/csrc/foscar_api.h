@@ -47,6 +47,8 @@ typedef struct FoscarDecodeArgs {
   int32_t steal_extra_slots;    /* and thieves' partial slots per split: ws_o and ws_ml hold
                                  * num_splits (1 + steal_extra_slots) per (sequence, query head), and
                                  * ws_count num_items 8-byte range words after its counters */
+  int32_t ctas_per_sm;          /* 0: the kernel instance of foscar_ctas_per_sm; or the count of
+                                 * foscar_ctas_per_sm_alt, its second instance (the planner's choice) */
 } FoscarDecodeArgs;
 
 /* Launches the decode on `stream` (splits of one sequence merge in the same launch). Returns 0
@@ -57,6 +59,11 @@ FOSCAR_EXPORT const char* foscar_last_error(void);
  * it), or -1 if it is not built. */
 FOSCAR_EXPORT int foscar_ctas_per_sm(int bits, int group_size, int k_channel, int v_channel, int dequant,
                                      int heads_per_item);
+/* CTAs per SM of an instance's second instance, built at another count (the planner launches it
+ * where splits are long: foscar/kernels.py, ALT_MIN_CHUNKS), 0 where it has none, -1 if the
+ * instance is not built. */
+FOSCAR_EXPORT int foscar_ctas_per_sm_alt(int bits, int group_size, int k_channel, int v_channel, int dequant,
+                                         int heads_per_item);
 /* 1 if this build steals the tail (lab knob FOSCAR_STEAL), else 0. */
 FOSCAR_EXPORT int foscar_steals(void);
 /* Dynamic shared memory per CTA of one decode kernel instance, or -1 if it is not built. */

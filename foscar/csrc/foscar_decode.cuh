@@ -305,13 +305,27 @@ struct SharedStorage {
 #endif
 };
 
-// A kernel's traits: its shape, and how many CTAs share an SM: the build's knob or the kernel's
-// measured choice, or fewer where this kernel's shared memory does not let that many fit (228 KB
-// an SM, 1 KB of each CTA's the system's), so that a lab build asking for more CTAs than some
-// kernels hold still builds every kernel. Every kernel must hold three (or the knob, if fewer):
-// a ring that silently dropped a kernel to two would lose a third of its warps
-// (docs/PERFORMANCE.md). The registers follow from the CTAs.
-template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
+// The CTAs per SM of a kernel's second instance, or 0 where it has none; the planner launches it
+// instead of the first where its splits are long (kernels.ALT_MIN_CHUNKS). v37 gives one, at
+// four CTAs, to the one-head G = 128 kernels (batch 1-5) with K channel-wise and V token-wise,
+// both widths, and to INT2's token/token. At four (104 registers, no spill since K's operands
+// are int8) they were 3-8 % faster where a split runs 8 chunks or more (batch 1 from 32K, batches
+// 2-5 at 8K and 32K: a fourth CTA's warps keep the bus busy between trips) and 1-7 % slower where
+// splits are short (batch 1 at 2K-16K), where the three-CTA instance runs (docs/PERFORMANCE.md,
+// v35 in the eighteenth and nineteenth sessions). INT4 token/token was level at four, and
+// channel/channel 2 % slower, so they have none.
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+constexpr int alt_ctas_per_sm() {
+  return HP == 1 && G == 128 && !DEQ && ((KCH && !VCH) || (BITS == 2 && !KCH && !VCH)) ? 4 : 0;
+}
+
+// A kernel's traits: its shape, and how many CTAs share an SM: CTAS_ for a second instance, else
+// the build's knob or the kernel's measured choice, or fewer where this kernel's shared memory
+// does not let that many fit (228 KB an SM, 1 KB of each CTA's the system's), so that a lab build
+// asking for more CTAs than some kernels hold still builds every kernel. Every kernel must hold
+// three (or the knob, if fewer): a ring that silently dropped a kernel to two would lose a third
+// of its warps (docs/PERFORMANCE.md). The registers follow from the CTAs.
+template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1, int CTAS_ = 0>
 struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   using Shape = DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_>;
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage<Shape>));
@@ -323,19 +337,11 @@ struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   // kernel at G = 128 gained 4.8 % at batch 128 from four CTAs (level at 32; PERFORMANCE.md,
   // ninth session): v26 gives it four; v27 its K channel-wise / V token-wise and K token-wise / V
   // channel-wise kernels too (2-5 % at batch 128, 1 % slower at 32; channel/channel lost 2-6 %).
-  // v35: the one-head G = 128 kernels (batch 1-5) with K channel-wise and V token-wise, both
-  // widths, and INT2's token/token take four too: 4-7 % faster at batch 1 from 4K to 128K (a
-  // fourth CTA's warps where three left the bus a quarter idle between trips; 104 registers and
-  // no spill since K's operands are int8); INT4 token/token level, channel/channel 2 % slower
-  // (PERFORMANCE.md, sixteenth session).
-  static constexpr bool kOneHeadFourCtas =
-      HP_ == 1 && G_ == 128 && !DEQ_ && ((KCH_ && !VCH_) || (BITS_ == 2 && !KCH_ && !VCH_));
   static constexpr bool kFourCtas =
-      (BITS_ == 2 && HP_ == 2 && !DEQ_ && (G_ == 128 || (G_ == 64 && KCH_ && VCH_))) || Shape::kInt4FourCtas ||
-      kOneHeadFourCtas;
+      (BITS_ == 2 && HP_ == 2 && !DEQ_ && (G_ == 128 || (G_ == 64 && KCH_ && VCH_))) || Shape::kInt4FourCtas;
   static constexpr int kCtasTuned = kFourCtas ? 4 : kMinCtasPerSm;
   static constexpr int kCtasWidthKnob = BITS_ == 4 ? FOSCAR_CTAS_INT4 : FOSCAR_CTAS_INT2;
-  static constexpr int kCtasKnob = kCtasWidthKnob > 0 ? kCtasWidthKnob : kCtasTuned;
+  static constexpr int kCtasKnob = CTAS_ > 0 ? CTAS_ : kCtasWidthKnob > 0 ? kCtasWidthKnob : kCtasTuned;
   static constexpr int kCtasFit = 228 * 1024 / (kSmemBytes + 1024);
   static constexpr int kCtasPerSm = kCtasKnob < kCtasFit ? kCtasKnob : kCtasFit;
   static_assert(kCtasPerSm >= (kCtasKnob < kMinCtasPerSm ? kCtasKnob : kMinCtasPerSm),
@@ -346,9 +352,9 @@ struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   static constexpr int kConsumerRegs = (2 * kEntryRegs - kProducerRegs) / 8 * 8;
 };
 
-template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, int CTAS = 0>
 constexpr int decode_smem_bytes() {
-  return DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kSmemBytes;
+  return DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, CTAS>::kSmemBytes;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1462,10 +1468,10 @@ __device__ void merge_pieces(const DecodeParams& p, SharedStorage<T>& s, const L
 
 namespace foscar {
 
-template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
-__global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kCtasPerSm)
+template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, int CTAS = 0>
+__global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, CTAS>::kCtasPerSm)
     foscar_decode_kernel(const __grid_constant__ DecodeParams p) {
-  using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
+  using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, CTAS>;
   SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(dynamic_smem());
   if (threadIdx.x == 0) {
     for (int i = 0; i < T::kStages; ++i) {

@@ -3,9 +3,11 @@
 // emulator runs exactly the instances the GPU library builds.
 //
 // A launcher is a type with
-//   template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+//   template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, int CTAS>
 //   static int run(const FoscarDecodeArgs&, void* stream);
-// HP, the KV heads per work item, is the launch's kv_heads_per_item (the planner's choice).
+// HP, the KV heads per work item, is the launch's kv_heads_per_item, and CTAS its ctas_per_sm: 0
+// for the instance's own CTAs per SM, or the count of its second instance (alt_ctas_per_sm);
+// both are the planner's choice.
 #pragma once
 
 #include <string>
@@ -63,6 +65,11 @@ inline int check_args(const FoscarDecodeArgs& a) {
     last_error() = "bits " + std::to_string(a.bits) + " is not built; expected 2 or 4";
     return 2;
   }
+  if (a.ctas_per_sm < 0) {
+    last_error() = "ctas_per_sm " + std::to_string(a.ctas_per_sm) +
+                   " is not a CTA count; pass 0 (the kernel's own) or foscar_ctas_per_sm_alt()";
+    return 2;
+  }
   if (a.timeline != nullptr && !FOSCAR_TIMELINE) {
     last_error() = "this build records no timeline; build it with -DFOSCAR_TIMELINE=1 (foscar_decode.cuh)";
     return 2;
@@ -70,12 +77,24 @@ inline int check_args(const FoscarDecodeArgs& a) {
   return 0;
 }
 
+template <class Launch, int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+int dispatch_ctas(const FoscarDecodeArgs& a, void* s) {
+  constexpr int alt = alt_ctas_per_sm<BITS, G, KCH, VCH, DEQ, HP>();
+  if (a.ctas_per_sm == 0) return Launch::template run<BITS, G, KCH, VCH, DEQ, HP, 0>(a, s);
+  if constexpr (alt > 0) {
+    if (a.ctas_per_sm == alt) return Launch::template run<BITS, G, KCH, VCH, DEQ, HP, alt>(a, s);
+  }
+  last_error() = "ctas_per_sm " + std::to_string(a.ctas_per_sm) + " is not built for this kernel; pass 0 (its own)" +
+                 (alt > 0 ? " or " + std::to_string(alt) : std::string());
+  return 2;
+}
+
 template <class Launch, int BITS, int G, bool KCH, bool VCH, bool DEQ>
 int dispatch_heads(const FoscarDecodeArgs& a, void* s) {
   if constexpr (FOSCAR_PAIR_HEADS) {
-    if (a.kv_heads_per_item == 2) return Launch::template run<BITS, G, KCH, VCH, DEQ, 2>(a, s);
+    if (a.kv_heads_per_item == 2) return dispatch_ctas<Launch, BITS, G, KCH, VCH, DEQ, 2>(a, s);
   }
-  return Launch::template run<BITS, G, KCH, VCH, DEQ, 1>(a, s);
+  return dispatch_ctas<Launch, BITS, G, KCH, VCH, DEQ, 1>(a, s);
 }
 
 template <class Launch, int BITS, int G, bool KCH, bool VCH>
@@ -115,16 +134,24 @@ int dispatch_bits(const FoscarDecodeArgs& a, void* s) {
 // dispatch, so that they answer for exactly the instances the library builds. The answer goes
 // to the int that the launch's stream argument points to.
 struct SmemQuery {  // dynamic shared memory per CTA
-  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, int CTAS>
   static int run(const FoscarDecodeArgs&, void* answer) {
-    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kSmemBytes;
+    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, CTAS>::kSmemBytes;
     return 0;
   }
 };
 struct CtasQuery {  // CTAs per SM (the planner sizes the persistent grid by it)
-  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, int CTAS>
   static int run(const FoscarDecodeArgs&, void* answer) {
-    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>::kCtasPerSm;
+    *static_cast<int*>(answer) = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, CTAS>::kCtasPerSm;
+    return 0;
+  }
+};
+struct AltCtasQuery {  // CTAs per SM of the instance's second instance, 0 where it has none
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, int CTAS>
+  static int run(const FoscarDecodeArgs&, void* answer) {
+    constexpr int alt = alt_ctas_per_sm<BITS, G, KCH, VCH, DEQ, HP>();
+    *static_cast<int*>(answer) = alt > 0 ? DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, alt>::kCtasPerSm : 0;
     return 0;
   }
 };

@@ -20,11 +20,11 @@ std::string& last_error() {
 }
 
 struct EmuLaunch {
-  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, int CTAS>
   static int run(const FoscarDecodeArgs& a, void*) {
-    using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;
+    using T = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, CTAS>;
     const DecodeParams p = make_params(a);
-    const auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP>;
+    const auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP, CTAS>;
     const unsigned threads = T::kThreads;
     // One host thread per CUDA thread: `slots` CTAs at once (FOSCAR_EMU_CONCURRENT_CTAS, default
     // 1), slot c running CTAs c, c + slots, ... one after another, its threads meeting at the
@@ -34,7 +34,7 @@ struct EmuLaunch {
     const int slots = std::max(1, std::min(env ? std::atoi(env) : 1, a.num_ctas));
     std::vector<std::unique_ptr<foscar_emu::Cta>> ctas;
     for (int c = 0; c < slots; ++c)
-      ctas.push_back(std::make_unique<foscar_emu::Cta>(threads, decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP>()));
+      ctas.push_back(std::make_unique<foscar_emu::Cta>(threads, decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP, CTAS>()));
     std::vector<std::thread> lanes;
     lanes.reserve(threads * slots);
     for (int c = 0; c < slots; ++c)
@@ -70,6 +70,11 @@ extern "C" FOSCAR_EXPORT const char* foscar_emu_last_error(void) { return foscar
 extern "C" FOSCAR_EXPORT int foscar_emu_ctas_per_sm(int bits, int group_size, int k_channel, int v_channel,
                                                     int dequant, int heads_per_item) {
   return foscar::query_instance<foscar::CtasQuery>(bits, group_size, k_channel, v_channel, dequant, heads_per_item);
+}
+
+extern "C" FOSCAR_EXPORT int foscar_emu_ctas_per_sm_alt(int bits, int group_size, int k_channel, int v_channel,
+                                                        int dequant, int heads_per_item) {
+  return foscar::query_instance<foscar::AltCtasQuery>(bits, group_size, k_channel, v_channel, dequant, heads_per_item);
 }
 
 extern "C" FOSCAR_EXPORT int foscar_emu_steals(void) { return foscar::kSteal ? 1 : 0; }

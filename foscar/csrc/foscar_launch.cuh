@@ -13,11 +13,11 @@
 namespace foscar {
 
 struct CudaLaunch {
-  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP>
+  template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, int CTAS>
   static int run(const FoscarDecodeArgs& a, void* stream_ptr) {
-    const auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP>;
-    constexpr int smem = decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP>();
-    using Tr = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP>;  // its CTAs per SM fit its shared memory
+    const auto kernel = foscar_decode_kernel<BITS, G, KCH, VCH, DEQ, HP, CTAS>;
+    constexpr int smem = decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP, CTAS>();
+    using Tr = DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, CTAS>;  // its CTAs per SM fit its shared memory
     const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
     // This library links its own CUDA runtime, whose current device is not the caller's:
     // set it from the tensors' device, and raise the shared-memory limit once per device.

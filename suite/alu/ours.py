@@ -44,14 +44,15 @@ def elems_of(meta: dict) -> float | None:
 def decode_kernel_regex(case: Any, dequant: bool, max_heads: int | None) -> str:
     """Mangled-name regex of the foscar_decode_kernel<bits, group, kch, vch, deq, heads> that
     runs `case`: heads as foscar.kernels plans them from `max_heads` (the build's
-    foscar_kv_heads_per_item; None: any)."""
+    foscar_kv_heads_per_item; None: any), the kernel's own instance (a second one, at other CTAs
+    per SM, foscar_ctas_per_sm_alt, runs the same code at fewer registers)."""
     from foscar.kernels import planned_kv_heads_per_item
 
     b = lambda flag: "1" if flag else "0"  # noqa: E731 - Itanium mangling of bool template args
     heads = r"\d+" if max_heads is None else planned_kv_heads_per_item(case.batch, case.num_kv_heads, max_heads)
     return (
         f"foscar_decode_kernelILi{case.bits}ELi{case.group_size}E"
-        f"Lb{b(case.k_mode == 'channel')}ELb{b(case.v_mode == 'channel')}ELb{b(dequant)}ELi{heads}E"
+        f"Lb{b(case.k_mode == 'channel')}ELb{b(case.v_mode == 'channel')}ELb{b(dequant)}ELi{heads}ELi0E"
     )
 
 

@@ -132,6 +132,8 @@ def test_build_key_follows_the_flags(monkeypatch):
 def test_decode_kernel_names_parse_to_their_template_arguments():
     name = "void foscar::foscar_decode_kernel<2, 64, true, false, true, 2>(foscar::DecodeParams)"
     assert build.decode_template_args(name) == (2, 64, 1, 0, 1, 2)
+    alt = "void foscar::foscar_decode_kernel<4, 128, true, false, false, 1, 4>(foscar::DecodeParams)"
+    assert build.decode_template_args(alt) == (4, 128, 1, 0, 0, 1)
     assert build.decode_template_args("void at::native::vectorized_elementwise_kernel<4>(int)") is None
 
 

@@ -8,6 +8,7 @@ one, a failed build of the emulator fails every test here.
 """
 from __future__ import annotations
 
+import ctypes
 import random
 import zlib
 
@@ -282,11 +283,14 @@ def test_ctas_per_sm_are_the_knobs_where_the_kernel_fits():
     # many share an SM, else fewer, never under three (DecodeTraits). Arguments: bits, group,
     # K channel, V channel, dequant, KV heads per item.
     from foscar import emu
-    ctas = emu.load().foscar_emu_ctas_per_sm
-    # One head per item (batch 1-5), G = 128: four for K channel-wise / V token-wise and INT2's
-    # token/token (v35), three for the others
-    assert [ctas(4, 128, k, v, 0, 1) for k, v in ((1, 0), (0, 0), (0, 1), (1, 1))] == [4, 3, 3, 3]
-    assert [ctas(2, 128, k, v, 0, 1) for k, v in ((1, 0), (0, 0), (0, 1), (1, 1))] == [4, 4, 3, 3]
+    ctas, alt = emu.load().foscar_emu_ctas_per_sm, emu.load().foscar_emu_ctas_per_sm_alt
+    # One head per item (batch 1-5), G = 128: three, and a second instance at four for K
+    # channel-wise / V token-wise and INT2's token/token (v37), none for the others
+    assert [ctas(b, 128, k, v, 0, 1) for b in (4, 2) for k, v in ((1, 0), (0, 0), (0, 1), (1, 1))] == [3] * 8
+    assert [alt(4, 128, k, v, 0, 1) for k, v in ((1, 0), (0, 0), (0, 1), (1, 1))] == [4, 0, 0, 0]
+    assert [alt(2, 128, k, v, 0, 1) for k, v in ((1, 0), (0, 0), (0, 1), (1, 1))] == [4, 4, 0, 0]
+    assert alt(4, 128, 1, 0, 0, 2) == 0 and alt(4, 64, 1, 0, 0, 1) == 0 and alt(4, 128, 1, 0, 1, 1) == 0
+    assert alt(3, 128, 1, 0, 0, 1) == -1  # not built
     # INT4 paired G = 128: four but channel/channel (v26 token/token, v27 one side channel-wise)
     assert [ctas(4, 128, k, v, 0, 2) for k, v in ((0, 0), (1, 0), (0, 1), (1, 1))] == [4, 4, 4, 3]
     assert ctas(4, 64, 1, 0, 0, 2) == 3 and ctas(4, 128, 1, 0, 1, 2) == 3  # G = 64, the ablation
@@ -300,9 +304,39 @@ def test_ctas_per_sm_are_the_knobs_where_the_kernel_fits():
     assert lab(2, 32, 1, 0, 0, 1) == 4 and lab(2, 32, 1, 0, 0, 2) == 3  # four rings of groups of 32 do not fit
 
 
+@pytest.mark.parametrize("bits,k_mode,v_mode", [(4, "channel", "token"), (2, "channel", "token"), (2, "token", "token")])
+def test_second_instance_runs_where_splits_are_long(bits, k_mode, v_mode):
+    # v37: batch 1's one-head kernels of these modes have a four-CTA instance beside their own,
+    # launched where a split runs ALT_MIN_CHUNKS or more. One sequence of 1200 tokens on one SM:
+    # 2 splits of 9 chunks take it (and its output matches the reference), 3 splits of 6 the
+    # three-CTA kernel; a ctas_per_sm the kernel is not built for is refused by name.
+    from foscar import kernels
+
+    seed, config, _, _, _ = _case(bits, 128, k_mode, v_mode, batch=1, ratio=4)
+    lens = [1200]  # 18 packed chunks and a 48-token tail (K channel-wise) or none
+    q, cache = _data(config, lens, 1, 4, seed)
+    lib = emu.load()
+    common = dict(variant="fold", num_sms=1, ctas_per_sm=lib.foscar_emu_ctas_per_sm,
+                  alt_ctas_per_sm=lib.foscar_emu_ctas_per_sm_alt)
+    long = kernels.resolve_plan(cache, q.shape[1], num_splits=2, **common)[1]
+    short = kernels.resolve_plan(cache, q.shape[1], num_splits=3, **common)[1]
+    assert long.chunks_per_split >= kernels.ALT_MIN_CHUNKS > short.chunks_per_split
+    assert (long.ctas_per_sm, short.ctas_per_sm) == (4, 0)
+    for splits in (2, 3):
+        err = _error(q, cache, lens, num_splits=splits, num_sms=1)
+        assert err <= TOLERANCE, f"seed={seed} splits={splits}: {err:.2e}"
+    args = kernels.launch_args(q, cache, torch.empty_like(q), sm_scale=None, num_splits=2,
+                               workspace=lambda *n: [torch.zeros(max(x, 1)) for x in n], **common)
+    assert args.ctas_per_sm == 4
+    args.ctas_per_sm = 5
+    assert lib.foscar_emu_decode(ctypes.byref(args)) == 2
+    assert "ctas_per_sm 5 is not built for this kernel; pass 0 (its own) or 4" in lib.foscar_emu_last_error().decode()
+
+
 def test_timeline_knob_stamps_each_ctas_phases():
     # Lab knob FOSCAR_TIMELINE: one thread per CTA stamps its items' phases. Two KV heads in 3
-    # splits are 6 items; one SM's 4 CTAs take them, so CTAs 0 and 1 run a second item (k = 1). The
+    # splits are 6 items; one SM's 3 CTAs take them (splits of 2 chunks: the kernel's own
+    # instance, not its four-CTA one), so each runs a second item (k = 1). The
     # output is the kernels' as ever; each item's stamps come in order, and of each (sequence,
     # KV head) exactly the split that arrived last (CTAs run one after another here) merged.
     from foscar import kernels
@@ -314,8 +348,8 @@ def test_timeline_knob_stamps_each_ctas_phases():
     lib = emu.load(knob)
     splits, num_sms = 3, 1
     plan = kernels.resolve_plan(cache, q.shape[1], variant="fold", num_splits=splits, num_sms=num_sms,
-                                ctas_per_sm=lib.foscar_emu_ctas_per_sm)[1]
-    assert (plan.num_splits, plan.num_ctas) == (splits, 4)
+                                ctas_per_sm=lib.foscar_emu_ctas_per_sm, alt_ctas_per_sm=lib.foscar_emu_ctas_per_sm_alt)[1]
+    assert (plan.num_splits, plan.num_ctas, plan.ctas_per_sm) == (splits, 3, 0)
     stamps = torch.zeros(kernels.timeline_entries(plan.num_ctas), dtype=torch.int64)
     err = _error(q, cache, lens, num_splits=splits, num_sms=num_sms, defines=knob, timeline=stamps)
     assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
