@@ -46,7 +46,8 @@ typedef struct FoscarDecodeArgs {
   int32_t steal_segment_chunks; /* lab knob FOSCAR_STEAL only: chunks a stealable segment (0: none) */
   int32_t steal_extra_slots;    /* and thieves' partial slots per split: ws_o and ws_ml hold
                                  * num_splits (1 + steal_extra_slots) per (sequence, query head), and
-                                 * ws_count num_items 8-byte range words after its counters */
+                                 * ws_count, after its counters, num_items 8-byte range words and
+                                 * the count of unclaimed segments (kernels.steal_workspace_ints) */
   int32_t ctas_per_sm;          /* 0: the kernel instance of foscar_ctas_per_sm; or the count of
                                  * foscar_ctas_per_sm_alt, its second instance (the planner's choice) */
 } FoscarDecodeArgs;
