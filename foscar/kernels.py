@@ -7,7 +7,7 @@ the same shared object is what the SASS analysis reads.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import math
 import threading
 from typing import Callable
@@ -361,11 +361,11 @@ def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num
                              f"KV head(s) per item; check foscar.kernels.unsupported_reason first.")
     if callable(alt_ctas_per_sm):
         alt_ctas_per_sm = max(0, alt_ctas_per_sm(*instance, kv_heads_per_item))
-    plan = _plan_cached(cache, num_sms, ctas_per_sm, kv_heads_per_item)
-    if alt_ctas_per_sm:
+    if num_splits is None and alt_ctas_per_sm:
         alt = _plan_cached(cache, num_sms, alt_ctas_per_sm, kv_heads_per_item)
-        if num_splits is None and alt.chunks_per_split >= ALT_MIN_CHUNKS:
-            return kv_heads_per_item, LaunchPlan(alt.num_splits, alt.chunks_per_split, alt.num_ctas, alt_ctas_per_sm)
+        if alt.chunks_per_split >= ALT_MIN_CHUNKS:
+            return kv_heads_per_item, replace(alt, ctas_per_sm=alt_ctas_per_sm)
+    plan = _plan_cached(cache, num_sms, ctas_per_sm, kv_heads_per_item)
     if num_splits is None:
         return kv_heads_per_item, plan
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_FORCED_SPLITS:

@@ -2,12 +2,25 @@
 validation before any launch, the ptxas report parser and the build cache key."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 import foscar
 from foscar import build, kernels
 from foscar.config import QuantConfig
+
+DATA = Path(__file__).resolve().parents[2] / "docs/data"
+
+
+def _lab_rows(*patterns: str):
+    """(file name, row) for the passed rows of the kernel_lab JSON files in docs/data matching the
+    glob patterns (one file, one device call: compare times within a file)."""
+    for pattern in patterns:
+        for path in sorted(DATA.glob(pattern)):
+            yield from ((path.name, r) for r in json.loads(path.read_text())["rows"] if r["status"] == "passed")
 
 
 @pytest.mark.parametrize("batch,kv_heads,max_chunks", [(128, 8, 512), (1, 8, 2048), (8, 8, 64), (1, 1, 1), (32, 8, 2048)])
@@ -203,10 +216,7 @@ def test_the_planner_picks_split_counts_measured_near_the_best():
     # Split counts forced on the H200 (docs/data/lab_v14_splits.json: INT2 2ct paired, 4 and 3
     # CTAs per SM, six shapes). Where the planner's choice was among those measured, it must be
     # within 6 % of the fastest; 1.5 chunks of fixed cost per item (before v14) was 12 % off.
-    import json
-    from pathlib import Path
-
-    runs = json.loads((Path(__file__).resolve().parents[2] / "docs/data/lab_v14_splits.json").read_text())["runs"]
+    runs = json.loads((DATA / "lab_v14_splits.json").read_text())["runs"]
     judged = 0
     for run in runs.values():
         by_variant: dict[str, dict[int, float]] = {}
@@ -259,23 +269,18 @@ def test_the_merge_cost_grows_with_the_splits():
     # (docs/data/lab_v35_splits_b1_kv*.json, lab_v35s_b*_kv*.json): where the planner's choice was
     # among those measured it must be within 6 % of the fastest. A merge of one chunk's cost
     # whatever the split count chose 64 splits of one chunk at 4K tokens, 18 % slower than 32 of two.
-    import json
-    from pathlib import Path
-
-    data = Path(__file__).resolve().parents[2] / "docs/data"
+    times: dict[tuple[str, int, int, int], dict[int, float]] = {}
+    for file, r in _lab_rows("lab_v35_splits_b*_kv*.json", "lab_v35s_b*_kv*.json"):
+        name, _, splits = r["variant"].partition("/s")
+        if name == "v35" and splits:
+            times.setdefault((file, r["config"], r["batch"], r["kv_len"], r["bits"]), {})[int(splits)] = r["median_us"]
     judged = 0
-    for path in sorted(data.glob("lab_v35_splits_b*_kv*.json")) + sorted(data.glob("lab_v35s_b*_kv*.json")):
-        times: dict[tuple[str, int, int, int], dict[int, float]] = {}
-        for r in json.loads(path.read_text())["rows"]:
-            name, _, splits = r["variant"].partition("/s")
-            if r["status"] == "passed" and name == "v35" and splits:
-                times.setdefault((r["config"], r["batch"], r["kv_len"], r["bits"]), {})[int(splits)] = r["median_us"]
-        for (config, batch, kv_len, bits), by_splits in times.items():
-            plan = kernels.plan_launch(batch, 8, kv_len // kernels.CHUNK_TOKENS, num_sms=132, ctas_per_sm=4,
-                                       kv_heads_per_item=1, max_item_chunks=kernels.MAX_ITEM_CHUNKS[bits])
-            if plan.num_splits in by_splits:
-                judged += 1
-                assert by_splits[plan.num_splits] <= 1.06 * min(by_splits.values()), (path.name, config, plan, by_splits)
+    for (file, config, batch, kv_len, bits), by_splits in times.items():
+        plan = kernels.plan_launch(batch, 8, kv_len // kernels.CHUNK_TOKENS, num_sms=132, ctas_per_sm=4,
+                                   kv_heads_per_item=1, max_item_chunks=kernels.MAX_ITEM_CHUNKS[bits])
+        if plan.num_splits in by_splits:
+            judged += 1
+            assert by_splits[plan.num_splits] <= 1.06 * min(by_splits.values()), (file, config, plan, by_splits)
     assert judged >= 2
     old = kernels.MERGE_CHUNKS_PER_SPLIT
     try:
@@ -287,24 +292,19 @@ def test_the_merge_cost_grows_with_the_splits():
 
 
 def test_the_second_instance_is_chosen_where_it_was_faster():
-    # v37: batch 1-5's one-head kernels of the paper's mode (and INT2 token/token) run their four-CTA instance where its
-    # plan's splits reach ALT_MIN_CHUNKS. On the H200 (docs/data/lab_v35p_*.json: v31's library,
-    # three CTAs, beside v35's, four, each with its planner's split count), the rule's pick must be
-    # within 2 % of the faster of the two at every shape measured.
-    import json
-    from pathlib import Path
-
-    judged = 0
-    for path in sorted((Path(__file__).resolve().parents[2] / "docs/data").glob("lab_v35p_b*_kv*.json")):
-        times: dict[tuple, dict[str, list[float]]] = {}
-        for r in json.loads(path.read_text())["rows"]:
-            if r["status"] == "passed" and r["variant"] in ("base", "v35"):  # 4ct, 2ct, 2tt: all have the instance
-                times.setdefault((r["config"], r["batch"], r["kv_len"], r["bits"]), {}).setdefault(r["variant"], []).append(r["median_us"])
-        for (config, batch, kv_len, bits), by in times.items():
-            plan = kernels.plan_launch(batch, 8, kv_len // kernels.CHUNK_TOKENS, num_sms=132, ctas_per_sm=4,
-                                       max_item_chunks=kernels.MAX_ITEM_CHUNKS[bits])
-            pick = "v35" if plan.chunks_per_split >= kernels.ALT_MIN_CHUNKS else "base"
-            best = min(min(v) for v in by.values())
-            assert min(by[pick]) <= 1.02 * best, (path.name, config, plan, by)
-            judged += 1
-    assert judged >= 15
+    # v37: batch 1-5's one-head kernels of the paper's mode (and INT2 token/token) run their
+    # four-CTA instance where its plan's splits reach ALT_MIN_CHUNKS. On the H200
+    # (docs/data/lab_v35p_*.json: v31's library, three CTAs, beside v35's, four, each with its
+    # planner's split count), the rule's pick must be within 2 % of the faster of the two at every
+    # shape measured.
+    times: dict[tuple, dict[str, list[float]]] = {}
+    for file, r in _lab_rows("lab_v35p_b*_kv*.json"):
+        if r["variant"] in ("base", "v35"):  # 4ct, 2ct, 2tt: all have the instance
+            times.setdefault((file, r["config"], r["batch"], r["kv_len"], r["bits"]), {}).setdefault(r["variant"], []).append(r["median_us"])
+    for (file, config, batch, kv_len, bits), by in times.items():
+        plan = kernels.plan_launch(batch, 8, kv_len // kernels.CHUNK_TOKENS, num_sms=132, ctas_per_sm=4,
+                                   max_item_chunks=kernels.MAX_ITEM_CHUNKS[bits])
+        pick = "v35" if plan.chunks_per_split >= kernels.ALT_MIN_CHUNKS else "base"
+        best = min(min(v) for v in by.values())
+        assert min(by[pick]) <= 1.02 * best, (file, config, plan, by)
+    assert len(times) >= 15

@@ -283,7 +283,8 @@ def test_ctas_per_sm_are_the_knobs_where_the_kernel_fits():
     # many share an SM, else fewer, never under three (DecodeTraits). Arguments: bits, group,
     # K channel, V channel, dequant, KV heads per item.
     from foscar import emu
-    ctas, alt = emu.load().foscar_emu_ctas_per_sm, emu.load().foscar_emu_ctas_per_sm_alt
+    lib = emu.load()
+    ctas, alt = lib.foscar_emu_ctas_per_sm, lib.foscar_emu_ctas_per_sm_alt
     # One head per item (batch 1-5), G = 128: three, and a second instance at four for K
     # channel-wise / V token-wise and INT2's token/token (v37), none for the others
     assert [ctas(b, 128, k, v, 0, 1) for b in (4, 2) for k, v in ((1, 0), (0, 0), (0, 1), (1, 1))] == [3] * 8
