@@ -25,7 +25,8 @@ its C struct must be a prefix of this tree's (fields are only ever appended).
 `--profile NAME` runs one launch of that variant per config, after the same check, inside
 the NVTX range `lab_<config>` for `ncu --nvtx --nvtx-include 'lab_4ct/'`, and skips timing.
 
-`--timeline NAME` builds that variant with FOSCAR_TIMELINE=1 and, per config after the same
+`--timeline NAME` builds that variant with FOSCAR_TIMELINE=1 (or takes that --prebuilt library,
+built with the knob where it was built) and, per config after the same
 check, runs one launch with L2 warm (after a warm-up) and one with L2 cold (after a write of
 4x L2), each recording each CTA's phases (%globaltimer, foscar_decode.cuh): a row per
 (CTA, item) of phase offsets in us from the earliest CTA entry, and per phase the median and
@@ -86,6 +87,16 @@ def make_case(args: argparse.Namespace, spec: str):
 
 def ctas(lib, bits: int) -> str:
     return "/".join(str(lib.foscar_ctas_per_sm(bits, 128, 1, 0, 0, hp)) for hp in (1, 2))
+
+
+def timelined(variants: list, prebuilt: dict[str, str], name: str) -> tuple[list, dict[str, str]]:
+    """--timeline NAME: that variant, built with FOSCAR_TIMELINE=1, or that prebuilt library as it
+    is (built with the knob elsewhere: a library without it refuses the launch, by name)."""
+    variants = [(n, d if TIMELINE_KNOB in d else (*d, TIMELINE_KNOB)) for n, d in variants if n == name]
+    prebuilt = {n: path for n, path in prebuilt.items() if n == name}
+    if not variants and not prebuilt:
+        raise SystemExit(f"--timeline {name!r} names no --variant and no --prebuilt")
+    return variants, prebuilt
 
 
 def profiled(variants: list, prebuilt: dict[str, str], name: str) -> tuple[list, dict[str, str]]:
@@ -300,7 +311,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="times the variants take turns (each a full measurement)")
     ap.add_argument("--profile", default=None, help="variant to run once per config for ncu")
     ap.add_argument("--timeline", default=None,
-                    help="variant to build with FOSCAR_TIMELINE=1 and run once per config, recording each CTA's phases")
+                    help="variant to build with FOSCAR_TIMELINE=1 (or --prebuilt library built with it) and run once "
+                         "per config, recording each CTA's phases")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     variants = [parse_variant(v) for v in (args.variant or ["base="])]
@@ -310,10 +322,7 @@ def main() -> int:
     if args.profile:
         variants, prebuilt = profiled(variants, prebuilt, args.profile)
     if args.timeline:
-        variants = [(n, d if TIMELINE_KNOB in d else (*d, TIMELINE_KNOB)) for n, d in variants if n == args.timeline]
-        if not variants:
-            raise SystemExit(f"--timeline {args.timeline!r} names no --variant")
-        prebuilt = {}  # a timeline needs its knob built in: only this tree's builds carry it
+        variants, prebuilt = timelined(variants, prebuilt, args.timeline)
     specs = args.configs.split(",")
     try:
         splits = [None] if not args.splits else [int(n) for n in args.splits.split(",")]

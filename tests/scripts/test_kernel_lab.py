@@ -37,6 +37,16 @@ def test_profile_picks_a_build_or_a_prebuilt_library(lab):
     assert lab.build_variants([]) == {}
 
 
+def test_timeline_builds_its_knob_in_or_takes_a_prebuilt_library(lab):
+    variants = [("base", ()), ("steal", ("-DFOSCAR_STEAL=1",))]
+    prebuilt = {"old": "/tmp/old/libfoscar.so"}
+    assert lab.timelined(variants, prebuilt, "steal") == ([("steal", ("-DFOSCAR_STEAL=1", lab.TIMELINE_KNOB))], {})
+    assert lab.timelined([("tl", (lab.TIMELINE_KNOB,))], {}, "tl") == ([("tl", (lab.TIMELINE_KNOB,))], {})
+    assert lab.timelined(variants, prebuilt, "old") == ([], {"old": "/tmp/old/libfoscar.so"})
+    with pytest.raises(SystemExit, match="'nope' names no --variant and no --prebuilt"):
+        lab.timelined(variants, prebuilt, "nope")
+
+
 @pytest.mark.parametrize("heads", [None, 2])
 def test_a_variant_is_measured_by_the_harness(lab, monkeypatch, heads):
     """A FoscarVariant through suite.runner.measure: the library it names reaches
