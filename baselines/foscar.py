@@ -49,6 +49,7 @@ class _Foscar(Backend):
     variant = "fold"
     num_splits: int | None = None  # None: the launch plan's split count
     kv_heads_per_item: int | None = None  # None: the planner's pairing of KV heads
+    second_instance = True  # False: the kernel's own instance wherever the planner would take its second
 
     def available(self) -> str | None:
         try:
@@ -79,11 +80,11 @@ class _Foscar(Backend):
         cache = self._quantize(foscar, case, source, config)
         q = source.q
         out = torch.empty_like(q)
-        variant, splits, heads = self.variant, self.num_splits, self.kv_heads_per_item
+        variant, splits, heads, second = self.variant, self.num_splits, self.kv_heads_per_item, self.second_instance
 
         def run():
             return kernels.decode(q, cache, sm_scale=source.sm_scale, out=out, variant=variant, num_splits=splits,
-                                  library=library, kv_heads_per_item=heads)
+                                  library=library, kv_heads_per_item=heads, second_instance=second)
 
         def reference_kv(idx):
             return foscar.dequantize(cache, batch_indices=list(idx), dtype=torch.float32)
@@ -116,18 +117,20 @@ class FoscarVariant(_Foscar):
 
     library: foscar.kernels.load_library(defines=...) of that build. The cache's pages are
     shuffled (seeded by the case), as an allocator would leave them. num_splits overrides the
-    launch plan's split count and kv_heads_per_item the planner's pairing (None: the plan's).
+    launch plan's split count and kv_heads_per_item the planner's pairing (None: the plan's);
+    second_instance=False keeps each kernel to its own instance (foscar.kernels.decode).
     """
 
     def __init__(self, name: str, bits: int, library, *, variant: str = "fold", defines: tuple[str, ...] = (),
-                 num_splits: int | None = None, kv_heads_per_item: int | None = None):
+                 num_splits: int | None = None, kv_heads_per_item: int | None = None, second_instance: bool = True):
         self.name, self.bits, self.variant, self.num_splits = name, bits, variant, num_splits
-        self.kv_heads_per_item = kv_heads_per_item
+        self.kv_heads_per_item, self.second_instance = kv_heads_per_item, second_instance
         self.library, self.defines = library, tuple(defines)
         splits = f", {num_splits} splits" if num_splits else ""
         heads = f", {kv_heads_per_item} KV head(s) per item" if kv_heads_per_item else ""
+        own = "" if second_instance else ", own instances only"
         self.description = (f"FOSCAR {variant} INT{bits}, built with {' '.join(self.defines) or 'default knobs'}"
-                            f"{splits}{heads}")
+                            f"{splits}{heads}{own}")
 
     def _library(self):
         return self.library

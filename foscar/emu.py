@@ -97,7 +97,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
            num_sms: int = DEFAULT_NUM_SMS, defines: Sequence[str] = (),
            kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
            workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-           steal_segment_chunks: int | None = None) -> torch.Tensor:
+           steal_segment_chunks: int | None = None, second_instance: bool = True) -> torch.Tensor:
     """foscar.decode's kernels on the CPU: q and the cache are CPU tensors; same result layout.
 
     `num_sms` sets the GPU the split plan is made for; `defines` builds with kernel knobs;
@@ -107,8 +107,10 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     for the next (the counters must be back at zero). With -DFOSCAR_STEAL=1 in `defines`,
     `steal_segment_chunks` as in foscar.kernels.steal_plan; the environment's
     FOSCAR_EMU_CONCURRENT_CTAS runs that many CTAs at once, so that they can steal from each other.
+    `second_instance` as in foscar.kernels.decode.
     """
     kernels._check_inputs(q, cache, out, variant, on_gpu=False)
+    kernels._check_second_instance(second_instance)
     lib = load(defines)
     out = torch.empty_like(q) if out is None else out
     keep = []
@@ -125,7 +127,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
 
     args = kernels.launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
                                num_sms=num_sms, ctas_per_sm=lib.foscar_emu_ctas_per_sm,
-                               alt_ctas_per_sm=lib.foscar_emu_ctas_per_sm_alt,
+                               alt_ctas_per_sm=lib.foscar_emu_ctas_per_sm_alt if second_instance else 0,
                                max_kv_heads_per_item=lib.foscar_emu_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                                kv_heads_per_item=kv_heads_per_item,
                                workspace=workspace_for, timeline=timeline,

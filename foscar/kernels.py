@@ -283,7 +283,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
            out: torch.Tensor | None = None, variant: str = "fold",
            num_splits: int | None = None, library: ctypes.CDLL | None = None,
            kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
-           steal_segment_chunks: int | None = None) -> torch.Tensor:
+           steal_segment_chunks: int | None = None, second_instance: bool = True) -> torch.Tensor:
     """One decode step of attention for q [batch, num_q_heads, head_dim] (BF16) over `cache`.
 
     Returns BF16 [batch, num_q_heads, head_dim]. `variant="dequant"` runs the ablation that
@@ -295,15 +295,19 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     per-CTA phase stamps: zeroed int64 on q's device, TIMELINE_ITEMS x len(TIMELINE_PHASES) per
     CTA of decode_plan(...).num_ctas (scripts/kernel_lab.py --timeline).
     `steal_segment_chunks`, with a library built with -DFOSCAR_STEAL=1 only: see steal_plan.
+    `second_instance=False` launches the kernel's own instance wherever the planner would take its
+    second (resolve_plan): what a library without second instances runs, from the same library
+    (scripts/kernel_lab.py --instances).
     """
     _check_inputs(q, cache, out, variant)
+    _check_second_instance(second_instance)
     lib = library or load_library()
     out = torch.empty_like(q) if out is None else out
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     args = launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
                        num_sms=num_sms, ctas_per_sm=lib.foscar_ctas_per_sm,
-                       alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt,
+                       alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt if second_instance else 0,
                        max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                        kv_heads_per_item=kv_heads_per_item,
                        workspace=lambda *sizes: _workspace(q.device, *sizes), device=device, timeline=timeline,
@@ -316,14 +320,23 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
 
 
 def decode_plan(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str = "fold", num_splits: int | None = None,
-                library: ctypes.CDLL | None = None, kv_heads_per_item: int | None = None) -> LaunchPlan:
+                library: ctypes.CDLL | None = None, kv_heads_per_item: int | None = None,
+                second_instance: bool = True) -> LaunchPlan:
     """The plan decode() launches with the same arguments (its num_ctas sizes a timeline)."""
+    _check_second_instance(second_instance)
     lib = library or load_library()
     return resolve_plan(cache, q.shape[1], variant=variant, num_splits=num_splits,
                         num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count,
-                        ctas_per_sm=lib.foscar_ctas_per_sm, alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt,
+                        ctas_per_sm=lib.foscar_ctas_per_sm,
+                        alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt if second_instance else 0,
                         max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                         kv_heads_per_item=kv_heads_per_item)[1]
+
+
+def _check_second_instance(second_instance) -> None:
+    if not isinstance(second_instance, bool):
+        raise ValueError(f"second_instance={second_instance!r} is not a bool; pass True (the planner may launch "
+                         f"a kernel's second instance) or False (always its own).")
 
 
 def timeline_entries(num_ctas: int) -> int:

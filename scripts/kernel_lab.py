@@ -17,6 +17,9 @@ mean in the sweep and in docs/PERFORMANCE.md. A variant that fails the check is 
 `--rounds N` lets the variants take turns N times (clock drift then hits all alike).
 `--splits 8,16,32` times each variant with those split counts forced (NAME/s8, ...) instead of
 the launch plan's.
+`--instances planner,own` times each variant as the planner launches it (NAME) and with every
+kernel kept to its own instance (NAME/own: what a library without second instances, such as
+v31's, runs), so that one library answers whether its second instances pay.
 
 `--prebuilt NAME=PATH` adds a library built elsewhere (another commit's libfoscar.so, its
 cache directory carried to the box) as a variant, so that one call compares two trees' kernels;
@@ -212,7 +215,7 @@ def timeline(case, backend, ctx, spec: str) -> dict | None:
     if not isinstance(cache, QuantizedKVCache):
         raise SystemExit(f"{backend.name}: its prepared step keeps no foscar cache first; see baselines/foscar.py")
     launch = dict(variant=backend.variant, num_splits=backend.num_splits, library=backend.library,
-                  kv_heads_per_item=backend.kv_heads_per_item)
+                  kv_heads_per_item=backend.kv_heads_per_item, second_instance=backend.second_instance)
     plan = kernels.decode_plan(source.q, cache, **launch)
     stamps = torch.zeros(kernels.timeline_entries(plan.num_ctas), dtype=torch.int64, device=source.q.device)
     l2 = torch.cuda.get_device_properties(source.q.device).L2_cache_size
@@ -285,6 +288,17 @@ def parse_heads(text: str | None) -> list[int | None]:
     return heads
 
 
+INSTANCES = {"planner": True, "own": False}  # --instances: decode()'s second_instance
+
+
+def parse_instances(text: str) -> list[bool]:
+    """--instances: a comma list of planner (the planner's choice) and own (the kernel's own)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or any(n not in INSTANCES for n in names):
+        raise SystemExit(f"--instances {text!r}: expected a comma list of {' and '.join(INSTANCES)}, e.g. planner,own")
+    return [INSTANCES[n] for n in names]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", action="append", default=[], help="NAME=KNOB[,KNOB...]")
@@ -297,6 +311,9 @@ def main() -> int:
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--splits", default=None,
                     help="comma list of split counts to force (each a variant of its own, NAME/sN); default: the plan's")
+    ap.add_argument("--instances", default="planner",
+                    help="planner (the planner's choice of a kernel's instance), own (its own instance only, "
+                         "NAME/own), or both: planner,own")
     ap.add_argument("--heads-per-item", default=None,
                     help="comma list of KV heads per item to force (1, 2), each a variant of its own, NAME/h1, "
                          "NAME/h2; default: the planner's")
@@ -331,6 +348,7 @@ def main() -> int:
     if any(n is not None and n < 1 for n in splits):
         raise SystemExit(f"--splits {args.splits!r}: split counts must be >= 1")
     heads = parse_heads(args.heads_per_item)
+    instances = parse_instances(args.instances)
     cases = {spec: make_case(args, spec) for spec in specs}  # a bad config fails before any build
 
     from baselines.foscar import FoscarVariant
@@ -355,10 +373,11 @@ def main() -> int:
     for spec in specs:
         case = cases[spec]
         kernel_variant = parse_config(spec)[3]
-        backends = [FoscarVariant(name + ("" if n is None else f"/s{n}") + ("" if h is None else f"/h{h}"),
+        backends = [FoscarVariant(name + ("" if n is None else f"/s{n}") + ("" if h is None else f"/h{h}")
+                                  + ("" if second else "/own"),
                                   case.bits, libs[name], variant=kernel_variant, defines=defines, num_splits=n,
-                                  kv_heads_per_item=h)
-                    for name, defines in variants for n in splits for h in heads]
+                                  kv_heads_per_item=h, second_instance=second)
+                    for name, defines in variants for n in splits for h in heads for second in instances]
         if args.profile:
             for backend in backends:
                 profile(case, backend, ctx, spec)

@@ -326,6 +326,13 @@ def test_second_instance_runs_where_splits_are_long(bits, k_mode, v_mode):
     for splits in (2, 3):
         err = _error(q, cache, lens, num_splits=splits, num_sms=1)
         assert err <= TOLERANCE, f"seed={seed} splits={splits}: {err:.2e}"
+    # second_instance=False: the same 2 splits on the kernel's own instance (kernel_lab --instances own)
+    own = kernels.resolve_plan(cache, q.shape[1], num_splits=2, **{**common, "alt_ctas_per_sm": 0})[1]
+    assert (own.num_splits, own.chunks_per_split, own.ctas_per_sm) == (long.num_splits, long.chunks_per_split, 0)
+    err = _error(q, cache, lens, num_splits=2, num_sms=1, second_instance=False)
+    assert err <= TOLERANCE, f"seed={seed} own instance: {err:.2e}"
+    with pytest.raises(ValueError, match="second_instance='no' is not a bool"):
+        emu.decode(q, cache, num_splits=2, num_sms=1, second_instance="no")
     args = kernels.launch_args(q, cache, torch.empty_like(q), sm_scale=None, num_splits=2,
                                workspace=lambda *n: [torch.zeros(max(x, 1)) for x in n], **common)
     assert args.ctas_per_sm == 4

@@ -37,6 +37,13 @@ def test_profile_picks_a_build_or_a_prebuilt_library(lab):
     assert lab.build_variants([]) == {}
 
 
+def test_instances_name_the_planners_choice_and_the_own_instance(lab):
+    assert lab.parse_instances("planner") == [True]
+    assert lab.parse_instances("planner, own") == [True, False]
+    for bad in ("", "alt", "planner,3"):
+        with pytest.raises(SystemExit, match="expected a comma list of planner and own"):
+            lab.parse_instances(bad)
+
 def test_timeline_builds_its_knob_in_or_takes_a_prebuilt_library(lab):
     variants = [("base", ()), ("steal", ("-DFOSCAR_STEAL=1",))]
     prebuilt = {"old": "/tmp/old/libfoscar.so"}
@@ -68,18 +75,19 @@ def test_a_variant_is_measured_by_the_harness(lab, monkeypatch, heads):
     seen = []
 
     def decode_on_the_cpu(q, cache, *, sm_scale=None, out=None, variant="fold", library=None, num_splits=None,
-                          kv_heads_per_item=None):
-        seen.append((library, kv_heads_per_item))
-        return emu.decode(q, cache, sm_scale=sm_scale, out=out, variant=variant, kv_heads_per_item=kv_heads_per_item)
+                          kv_heads_per_item=None, second_instance=True):
+        seen.append((library, kv_heads_per_item, second_instance))
+        return emu.decode(q, cache, sm_scale=sm_scale, out=out, variant=variant, kv_heads_per_item=kv_heads_per_item,
+                          second_instance=second_instance)
 
     monkeypatch.setattr(kernels, "decode", decode_on_the_cpu)
     backend = FoscarVariant("knobbed", 4, library="lib-of-this-build", defines=("-DFOSCAR_BULK=0",),
-                            kv_heads_per_item=heads)
+                            kv_heads_per_item=heads, second_instance=False)
     monkeypatch.setattr(backend, "needs_cuda", False)
     case = Case(batch=1, kv_len=200, num_q_heads=8, num_kv_heads=2, page_size=128)  # a pair at ratio 4
     record, fatal = measure(case, backend, WorkerContext(device=torch.device("cpu"), gpu=GpuInfo.cpu()))
     assert not fatal and record.status == "passed", record.reason
-    assert seen and set(seen) == {("lib-of-this-build", heads)}
+    assert seen and set(seen) == {("lib-of-this-build", heads, False)}
     assert record.check.tolerance == TOLERANCE == backend.tolerance and record.check.rel_error <= TOLERANCE
     assert record.traffic.bytes == backend.traffic(case).total
     assert record.timing.timing_method == "cpu" and record.timing.p10_us <= record.timing.median_us
