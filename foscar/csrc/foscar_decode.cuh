@@ -99,6 +99,17 @@ constexpr int kTimelineItems = 4;
 #define FOSCAR_STEAL 0
 #endif
 constexpr bool kSteal = FOSCAR_STEAL != 0;
+// Lab knobs of FOSCAR_STEAL for why v36c's thieves stole nothing on the H200 (docs/PERFORMANCE.md,
+// twentieth session): FOSCAR_STEAL_LOOK, how a look reads the range words (0: one bulk copy into
+// a borrowed ring stage, v36c; 1: the same after a generic-to-async proxy fence on global memory;
+// 2: L2 loads, word by word, as v36b); FOSCAR_STEAL_COUNT=0 drops the count of unclaimed
+// segments that ends the search.
+#ifndef FOSCAR_STEAL_LOOK
+#define FOSCAR_STEAL_LOOK 0
+#endif
+#ifndef FOSCAR_STEAL_COUNT
+#define FOSCAR_STEAL_COUNT 1
+#endif
 constexpr int kStealLostRaces = 32;  // compare-and-swaps lost in a row before a thief stops
 // A range word: front (bits 0-23) and back (24-47) in segments, steals (48-63).
 struct StealRange {
@@ -618,27 +629,32 @@ __device__ void produce_stealing(const DecodeParams& p, SharedStorage<T>& s) {
   constexpr int kLookWords = T::kStageBytes / 16 * 2;
   const int n = p.num_items, cap = min(n, kLookWords);
   uint32_t look_phase = 0;
+  (void)look_phase;  // (FOSCAR_STEAL_LOOK 2 waits on no copy)
   for (int start = 0, looked = 0, lost = 0; p.steal_extra > 0 && looked < n && lost < kStealLostRaces;) {
-    if (lone_uniform(ld_relaxed_s32(p.ws_unclaimed)) < 2) break;
+    if (FOSCAR_STEAL_COUNT && lone_uniform(ld_relaxed_s32(p.ws_unclaimed)) < 2) break;
     const int cnt = min(cap, n - start);
-    mbar_wait(&s.empty[pr.ring.slot], pr.ring.phase ^ 1u);
-    const unsigned long long* words = reinterpret_cast<const unsigned long long*>(s.ring[pr.ring.slot]);
-    const uint32_t bytes = (static_cast<uint32_t>(cnt) * 8u + 15u) & ~15u;
-    mbar_arrive_expect_tx(&s.look_full, bytes);
-    bulk_copy_g2s(s.ring[pr.ring.slot], p.ws_range + start, bytes, &s.look_full);
-    mbar_wait(&s.look_full, look_phase);
-    look_phase ^= 1u;
+    const unsigned long long* words = p.ws_range + start;  // FOSCAR_STEAL_LOOK 2: read in place
+    if constexpr (FOSCAR_STEAL_LOOK != 2) {
+      mbar_wait(&s.empty[pr.ring.slot], pr.ring.phase ^ 1u);
+      words = reinterpret_cast<const unsigned long long*>(s.ring[pr.ring.slot]);
+      const uint32_t bytes = (static_cast<uint32_t>(cnt) * 8u + 15u) & ~15u;
+      if constexpr (FOSCAR_STEAL_LOOK == 1) fence_proxy_async_global();
+      mbar_arrive_expect_tx(&s.look_full, bytes);
+      bulk_copy_g2s(s.ring[pr.ring.slot], p.ws_range + start, bytes, &s.look_full);
+      mbar_wait(&s.look_full, look_phase);
+      look_phase ^= 1u;
+    }
     int best = -1, best_rem = 1;
     unsigned long long best_x = 0;
     const int off = static_cast<int>(blockIdx.x) % cnt;
 #pragma unroll 4
     for (int k = 0; k < cnt; ++k) {
       const int i = off + k < cnt ? off + k : off + k - cnt;
-      const unsigned long long x = words[i];
+      const unsigned long long x = FOSCAR_STEAL_LOOK == 2 ? __ldcg(words + i) : words[i];
       const int rem = StealRange::back(x) - StealRange::front(x);
       if (rem > best_rem && StealRange::steals(x) < p.steal_extra) best = i, best_rem = rem, best_x = x;
     }
-    fence_proxy_async_smem();  // the stage's reads before the copies write it again
+    if constexpr (FOSCAR_STEAL_LOOK != 2) fence_proxy_async_smem();  // the stage's reads before the copies write it again
     best = lone_uniform(best);  // (what the loads steer stays off the stage loop's datapath)
     if (best < 0) {
       looked += cnt;

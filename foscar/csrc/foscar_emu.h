@@ -413,6 +413,7 @@ inline void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* 
   mbar_complete_if_done(m);
 }
 inline void fence_proxy_async_smem() {}
+inline void fence_proxy_async_global() {}
 
 // ---- named barriers and register reallocation
 inline void named_barrier(int id, int threads) { ::foscar_emu::named_arrive(id, threads, 0, nullptr); }

@@ -202,6 +202,9 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy accesses
 // (a wgmma reading a B tile that threads just stored).
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Orders global memory between the generic proxy (other threads' atomics, seen by this thread)
+// and this thread's later async-proxy reads (a bulk copy from global memory).
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 // ---- named barriers among a subset of the CTA's warps
 __device__ __forceinline__ void named_barrier(int id, int threads) {

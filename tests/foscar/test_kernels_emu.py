@@ -424,14 +424,17 @@ def test_stolen_tail_matches_reference(bits, k_mode, v_mode, _ctas_at_once):
         assert err <= TOLERANCE, f"seed={seed} lens={lens} heads={heads} splits={splits}: {err:.2e}"
 
 
-def test_stolen_tail_steals_and_leaves_the_workspace_at_zero(_ctas_at_once):
+@pytest.mark.parametrize("knob", [STEAL, STEAL + ("-DFOSCAR_STEAL_LOOK=2", "-DFOSCAR_STEAL_COUNT=0")],
+                         ids=["bulk-look", "loaded-look-no-count"])
+def test_stolen_tail_steals_and_leaves_the_workspace_at_zero(knob, _ctas_at_once):
     # With the timeline: some CTA runs a second piece, taken from another's item (the short
     # sequence's CTAs end first; which steals depends on the host's threads). Two launches on one
     # workspace: the arrival counters, the range words and the count of unclaimed segments after
-    # them are back at zero after each (or the next launch's merges and claims go wrong).
+    # them are back at zero after each (or the next launch's merges and claims go wrong). Both
+    # ways a look reads the range words (a bulk copy, v36c; L2 loads, v36b), the second without
+    # the count that ends the search (the lab knobs of the twentieth session's question).
     from foscar import kernels
 
-    knob = STEAL
     seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=2, ratio=4)
     lens = [2000, 100]
     q, cache = _data(config, lens, 2, 4, seed)
