@@ -110,7 +110,6 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     `second_instance` as in foscar.kernels.decode.
     """
     kernels._check_inputs(q, cache, out, variant, on_gpu=False)
-    kernels._check_second_instance(second_instance)
     lib = load(defines)
     out = torch.empty_like(q) if out is None else out
     keep = []
@@ -127,7 +126,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
 
     args = kernels.launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
                                num_sms=num_sms, ctas_per_sm=lib.foscar_emu_ctas_per_sm,
-                               alt_ctas_per_sm=lib.foscar_emu_ctas_per_sm_alt if second_instance else 0,
+                               alt_ctas_per_sm=lib.foscar_emu_ctas_per_sm_alt, second_instance=second_instance,
                                max_kv_heads_per_item=lib.foscar_emu_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                                kv_heads_per_item=kv_heads_per_item,
                                workspace=workspace_for, timeline=timeline,

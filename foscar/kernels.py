@@ -300,14 +300,13 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     (scripts/kernel_lab.py --instances).
     """
     _check_inputs(q, cache, out, variant)
-    _check_second_instance(second_instance)
     lib = library or load_library()
     out = torch.empty_like(q) if out is None else out
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     args = launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
                        num_sms=num_sms, ctas_per_sm=lib.foscar_ctas_per_sm,
-                       alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt if second_instance else 0,
+                       alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt, second_instance=second_instance,
                        max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                        kv_heads_per_item=kv_heads_per_item,
                        workspace=lambda *sizes: _workspace(q.device, *sizes), device=device, timeline=timeline,
@@ -323,20 +322,13 @@ def decode_plan(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str = "fol
                 library: ctypes.CDLL | None = None, kv_heads_per_item: int | None = None,
                 second_instance: bool = True) -> LaunchPlan:
     """The plan decode() launches with the same arguments (its num_ctas sizes a timeline)."""
-    _check_second_instance(second_instance)
     lib = library or load_library()
     return resolve_plan(cache, q.shape[1], variant=variant, num_splits=num_splits,
                         num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count,
-                        ctas_per_sm=lib.foscar_ctas_per_sm,
-                        alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt if second_instance else 0,
+                        ctas_per_sm=lib.foscar_ctas_per_sm, alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt,
+                        second_instance=second_instance,
                         max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                         kv_heads_per_item=kv_heads_per_item)[1]
-
-
-def _check_second_instance(second_instance) -> None:
-    if not isinstance(second_instance, bool):
-        raise ValueError(f"second_instance={second_instance!r} is not a bool; pass True (the planner may launch "
-                         f"a kernel's second instance) or False (always its own).")
 
 
 def timeline_entries(num_ctas: int) -> int:
@@ -353,11 +345,16 @@ def kernel_instance(cfg: QuantConfig, variant: str) -> tuple[int, int, int, int,
 def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num_splits: int | None, num_sms: int,
                  ctas_per_sm: int | Callable[..., int], max_kv_heads_per_item: int = 1,
                  kv_heads_per_item: int | None = None,
-                 alt_ctas_per_sm: int | Callable[..., int] = 0) -> tuple[int, LaunchPlan]:
+                 alt_ctas_per_sm: int | Callable[..., int] = 0, second_instance: bool = True) -> tuple[int, LaunchPlan]:
     """The KV heads per item and the plan of one launch: the planner's, or its chunks over a
     forced `num_splits`. `ctas_per_sm` and `alt_ctas_per_sm` as in launch_args: where the kernel
     has a second instance and its plan's splits are at least ALT_MIN_CHUNKS long, the plan is
-    that instance's (its `ctas_per_sm` field says which)."""
+    that instance's (its `ctas_per_sm` field says which), unless `second_instance` is False."""
+    if not isinstance(second_instance, bool):
+        raise ValueError(f"second_instance={second_instance!r} is not a bool; pass True (the planner may launch "
+                         f"a kernel's second instance) or False (always its own).")
+    if not second_instance:
+        alt_ctas_per_sm = 0
     cfg = cache.config
     instance = kernel_instance(cfg, variant)
     if kv_heads_per_item is None:
@@ -403,13 +400,14 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
                 workspace, device: int = 0, max_kv_heads_per_item: int = 1,
                 kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
                 steals: bool = False, steal_segment_chunks: int | None = None,
-                alt_ctas_per_sm: int | Callable[..., int] = 0) -> _Args:
+                alt_ctas_per_sm: int | Callable[..., int] = 0, second_instance: bool = True) -> _Args:
     """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
 
     `ctas_per_sm` is a count, or the library's foscar_ctas_per_sm, asked for the kernel instance
     this launch runs (instances of one build may hold different numbers of CTAs per SM);
     `alt_ctas_per_sm` likewise the count of the kernel's second instance, or 0 (none), or the
-    library's foscar_ctas_per_sm_alt (see resolve_plan).
+    library's foscar_ctas_per_sm_alt, and `second_instance` whether the planner may take it (see
+    resolve_plan).
 
     `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the zeroed
     arrival counters; the struct holds raw pointers, so the caller keeps every tensor alive
@@ -423,7 +421,8 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     kv_heads_per_item, plan = resolve_plan(cache, num_q_heads, variant=variant, num_splits=num_splits,
                                            num_sms=num_sms, ctas_per_sm=ctas_per_sm,
                                            max_kv_heads_per_item=max_kv_heads_per_item,
-                                           kv_heads_per_item=kv_heads_per_item, alt_ctas_per_sm=alt_ctas_per_sm)
+                                           kv_heads_per_item=kv_heads_per_item, alt_ctas_per_sm=alt_ctas_per_sm,
+                                           second_instance=second_instance)
     splits, per_split, ctas = plan.num_splits, plan.chunks_per_split, plan.num_ctas
     if timeline is not None and not (isinstance(timeline, torch.Tensor) and timeline.dtype == torch.int64
                                      and timeline.device == q.device and timeline.is_contiguous()

@@ -92,23 +92,20 @@ def ctas(lib, bits: int) -> str:
     return "/".join(str(lib.foscar_ctas_per_sm(bits, 128, 1, 0, 0, hp)) for hp in (1, 2))
 
 
-def timelined(variants: list, prebuilt: dict[str, str], name: str) -> tuple[list, dict[str, str]]:
-    """--timeline NAME: that variant, built with FOSCAR_TIMELINE=1, or that prebuilt library as it
-    is (built with the knob elsewhere: a library without it refuses the launch, by name)."""
-    variants = [(n, d if TIMELINE_KNOB in d else (*d, TIMELINE_KNOB)) for n, d in variants if n == name]
-    prebuilt = {n: path for n, path in prebuilt.items() if n == name}
-    if not variants and not prebuilt:
-        raise SystemExit(f"--timeline {name!r} names no --variant and no --prebuilt")
-    return variants, prebuilt
-
-
-def profiled(variants: list, prebuilt: dict[str, str], name: str) -> tuple[list, dict[str, str]]:
+def profiled(variants: list, prebuilt: dict[str, str], name: str, option: str = "--profile") -> tuple[list, dict[str, str]]:
     """--profile NAME: the one build or prebuilt library of that name, the others dropped."""
     variants = [v for v in variants if v[0] == name]
     prebuilt = {n: path for n, path in prebuilt.items() if n == name}
     if not variants and not prebuilt:
-        raise SystemExit(f"--profile {name!r} names no --variant and no --prebuilt")
+        raise SystemExit(f"{option} {name!r} names no --variant and no --prebuilt")
     return variants, prebuilt
+
+
+def timelined(variants: list, prebuilt: dict[str, str], name: str) -> tuple[list, dict[str, str]]:
+    """--timeline NAME: as profiled, the build given FOSCAR_TIMELINE=1; a prebuilt library runs as
+    it is (built with the knob elsewhere: one without it refuses the launch, by name)."""
+    variants, prebuilt = profiled(variants, prebuilt, name, "--timeline")
+    return [(n, d if TIMELINE_KNOB in d else (*d, TIMELINE_KNOB)) for n, d in variants], prebuilt
 
 
 def build_variants(variants: list[tuple[str, tuple[str, ...]]]) -> dict:
