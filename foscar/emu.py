@@ -97,17 +97,15 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
            num_sms: int = DEFAULT_NUM_SMS, defines: Sequence[str] = (),
            kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
            workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-           steal_segment_chunks: int | None = None, second_instance: bool = True) -> torch.Tensor:
+           second_instance: bool = True) -> torch.Tensor:
     """foscar.decode's kernels on the CPU: q and the cache are CPU tensors; same result layout.
 
     `num_sms` sets the GPU the split plan is made for; `defines` builds with kernel knobs;
     `timeline` (a CPU tensor, with -DFOSCAR_TIMELINE=1) as in foscar.kernels.decode, in host
     nanoseconds. `workspace`: (partials fp32, (m, l) fp32, counters int32 zeroed) to use instead
     of fresh ones, large enough for the launch, so that a test sees what a launch leaves in it
-    for the next (the counters must be back at zero). With -DFOSCAR_STEAL=1 in `defines`,
-    `steal_segment_chunks` as in foscar.kernels.steal_plan; the environment's
-    FOSCAR_EMU_CONCURRENT_CTAS runs that many CTAs at once, so that they can steal from each other.
-    `second_instance` as in foscar.kernels.decode.
+    for the next (the counters must be back at zero). The environment's FOSCAR_EMU_CONCURRENT_CTAS
+    runs that many CTAs at once (foscar_emu.cpp). `second_instance` as in foscar.kernels.decode.
     """
     kernels._check_inputs(q, cache, out, variant, on_gpu=False)
     lib = load(defines)
@@ -129,8 +127,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
                                alt_ctas_per_sm=lib.foscar_emu_ctas_per_sm_alt, second_instance=second_instance,
                                max_kv_heads_per_item=lib.foscar_emu_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                                kv_heads_per_item=kv_heads_per_item,
-                               workspace=workspace_for, timeline=timeline,
-                               steals=getattr(lib, "foscar_steals_tail", False), steal_segment_chunks=steal_segment_chunks)
+                               workspace=workspace_for, timeline=timeline)
     if lib.foscar_emu_decode(ctypes.byref(args)) != 0:
         raise RuntimeError(f"foscar.emu.decode: {lib.foscar_emu_last_error().decode()}")
     if keep and keep[-1].any():

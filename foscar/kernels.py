@@ -48,28 +48,6 @@ VARIANTS = ("fold", "dequant")
 # Lab knob FOSCAR_TIMELINE (foscar_decode.cuh, TimelinePhase): per CTA and each of its first
 # TIMELINE_ITEMS items, one %globaltimer stamp (ns) per phase, in this order; 0 where not reached.
 TIMELINE_ITEMS = 4
-# Lab knob FOSCAR_STEAL (foscar_decode.cuh, "the stolen tail"): an item's split is claimed and
-# stolen in segments of this many 64-token chunks, and each split keeps up to STEAL_MAX_EXTRA
-# partial slots for its thieves (fewer where num_splits (1 + extra) would pass the merge's 128).
-STEAL_SEGMENT_CHUNKS = 8
-STEAL_MAX_EXTRA = 4
-
-
-def steal_plan(num_splits: int, segment_chunks: int | None = None) -> tuple[int, int]:
-    """(chunks a segment, thieves' slots per split) for a launch of a FOSCAR_STEAL build."""
-    seg = STEAL_SEGMENT_CHUNKS if segment_chunks is None else segment_chunks
-    if isinstance(seg, bool) or not isinstance(seg, int) or seg < 1:
-        raise ValueError(f"steal_segment_chunks={segment_chunks!r} is not a chunk count; pass an int >= 1 or None.")
-    return seg, max(0, min(STEAL_MAX_EXTRA, MAX_FORCED_SPLITS // num_splits - 1))
-def steal_workspace_ints(counters: int, items: int) -> int:
-    """int32s of a FOSCAR_STEAL launch's counter workspace: the arrival counters, one 8-byte range
-    word per item, then the count of unclaimed segments, each part 16-byte aligned (a thief copies
-    the range words in bulk, 16 bytes a unit)."""
-    def up4(n: int) -> int:
-        return -(-n // 4) * 4
-    return up4(counters) + up4(2 * items) + 4
-
-
 TIMELINE_PHASES = ("entry", "item", "first_copy", "first_s", "last_trip", "folded", "stored", "written", "counted",
                    "merge_fenced", "merge_weighted", "merged", "quarter1", "half", "quarter3")
 
@@ -91,7 +69,8 @@ class _Args(ctypes.Structure):
         ("num_ctas", ctypes.c_int32), ("kv_heads_per_item", ctypes.c_int32),
         ("sm_scale", ctypes.c_float), ("device", ctypes.c_int32),
         ("timeline", ctypes.c_void_p),
-        ("steal_segment_chunks", ctypes.c_int32), ("steal_extra_slots", ctypes.c_int32),
+        # The retired stolen tail's (v36), kept so that later fields stay in place: must be 0.
+        ("reserved0", ctypes.c_int32), ("reserved1", ctypes.c_int32),
         ("ctas_per_sm", ctypes.c_int32),
     ]
 
@@ -135,12 +114,6 @@ def bind(lib: ctypes.CDLL, prefix: str) -> ctypes.CDLL:
     heads = getattr(lib, f"{prefix}_kv_heads_per_item")
     heads.argtypes = [ctypes.c_int, ctypes.c_int]
     heads.restype = ctypes.c_int
-    try:  # lab knob FOSCAR_STEAL; libraries built before it (kernel_lab --prebuilt) lack the symbol
-        steals = getattr(lib, f"{prefix}_steals")
-        steals.restype = ctypes.c_int
-        lib.foscar_steals_tail = bool(steals())
-    except AttributeError:
-        lib.foscar_steals_tail = False
     return lib
 
 
@@ -283,7 +256,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
            out: torch.Tensor | None = None, variant: str = "fold",
            num_splits: int | None = None, library: ctypes.CDLL | None = None,
            kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
-           steal_segment_chunks: int | None = None, second_instance: bool = True) -> torch.Tensor:
+           second_instance: bool = True) -> torch.Tensor:
     """One decode step of attention for q [batch, num_q_heads, head_dim] (BF16) over `cache`.
 
     Returns BF16 [batch, num_q_heads, head_dim]. `variant="dequant"` runs the ablation that
@@ -294,7 +267,6 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     `timeline`, with a library built with -DFOSCAR_TIMELINE=1 only, receives the launch's
     per-CTA phase stamps: zeroed int64 on q's device, TIMELINE_ITEMS x len(TIMELINE_PHASES) per
     CTA of decode_plan(...).num_ctas (scripts/kernel_lab.py --timeline).
-    `steal_segment_chunks`, with a library built with -DFOSCAR_STEAL=1 only: see steal_plan.
     `second_instance=False` launches the kernel's own instance wherever the planner would take its
     second (resolve_plan): what a library without second instances runs, from the same library
     (scripts/kernel_lab.py --instances).
@@ -309,8 +281,7 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
                        alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt, second_instance=second_instance,
                        max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                        kv_heads_per_item=kv_heads_per_item,
-                       workspace=lambda *sizes: _workspace(q.device, *sizes), device=device, timeline=timeline,
-                       steals=getattr(lib, "foscar_steals_tail", False), steal_segment_chunks=steal_segment_chunks)
+                       workspace=lambda *sizes: _workspace(q.device, *sizes), device=device, timeline=timeline)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     if lib.foscar_decode(ctypes.byref(args), ctypes.c_void_p(stream)) != 0:
         _workspaces.pop(q.device, None)  # a failed launch may leave counters behind: start afresh
@@ -399,7 +370,6 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
                 variant: str, num_splits: int | None, num_sms: int, ctas_per_sm: int | Callable[..., int],
                 workspace, device: int = 0, max_kv_heads_per_item: int = 1,
                 kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
-                steals: bool = False, steal_segment_chunks: int | None = None,
                 alt_ctas_per_sm: int | Callable[..., int] = 0, second_instance: bool = True) -> _Args:
     """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
 
@@ -411,9 +381,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
 
     `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the zeroed
     arrival counters; the struct holds raw pointers, so the caller keeps every tensor alive
-    until the launch has run. `timeline`: see decode(). `steals`: the library is a FOSCAR_STEAL
-    build, whose partials take more slots and whose counters are followed by a range word per
-    item (`steal_segment_chunks`: see steal_plan).
+    until the launch has run. `timeline`: see decode().
     """
     cfg = cache.config
     batch, num_q_heads, head_dim = q.shape
@@ -432,12 +400,8 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         raise ValueError(f"timeline has {got}; expected a contiguous torch.int64 tensor of {timeline_entries(ctas)} "
                          f"elements ({ctas} CTAs x {TIMELINE_ITEMS} items x {len(TIMELINE_PHASES)} phases) on "
                          f"{q.device}.")
-    seg, extra = steal_plan(splits, steal_segment_chunks) if steals else (0, 0)
-    slots = splits * (1 + extra)
-    counters = batch * cache.num_kv_heads
-    items = batch * (cache.num_kv_heads // kv_heads_per_item) * splits
-    ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * slots * head_dim, batch * num_q_heads * slots * 2,
-                                      steal_workspace_ints(counters, items) if steals else counters)
+    ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
+                                      batch * cache.num_kv_heads)
     return _Args(
         q.data_ptr(), out.data_ptr(), cache.k_codes.data_ptr(), cache.v_codes.data_ptr(),
         cache.k_params.data_ptr(), cache.v_params.data_ptr(), cache.page_table.data_ptr(),
@@ -446,7 +410,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         batch, num_q_heads, cache.num_kv_heads, head_dim,
         *kernel_instance(cfg, variant), cfg.page_size, cache.page_table.shape[1],
         splits, per_split, ctas, kv_heads_per_item, scale, device,
-        None if timeline is None else timeline.data_ptr(), seg, extra, plan.ctas_per_sm,
+        None if timeline is None else timeline.data_ptr(), 0, 0, plan.ctas_per_sm,  # 0, 0: reserved0, reserved1
     )
 
 

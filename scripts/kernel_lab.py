@@ -314,9 +314,6 @@ def main() -> int:
     ap.add_argument("--heads-per-item", default=None,
                     help="comma list of KV heads per item to force (1, 2), each a variant of its own, NAME/h1, "
                          "NAME/h2; default: the planner's")
-    ap.add_argument("--steal-segment", type=int, default=None,
-                    help="chunks a segment for the variants built with FOSCAR_STEAL=1 (default "
-                         "foscar.kernels.STEAL_SEGMENT_CHUNKS)")
     ap.add_argument("--max-item-chunks", type=int, default=None,
                     help="lift the planner's longest split (foscar.kernels.MAX_ITEM_CHUNKS, both widths) so that "
                          "--splits may force longer ones, to measure what the limit guards")
@@ -355,10 +352,6 @@ def main() -> int:
     if args.max_item_chunks:
         from foscar import kernels
         kernels.MAX_ITEM_CHUNKS = {bits: args.max_item_chunks for bits in kernels.MAX_ITEM_CHUNKS}
-    if args.steal_segment:
-        from foscar import kernels
-        kernels.steal_plan(1, args.steal_segment)  # refuses a bad count before any build
-        kernels.STEAL_SEGMENT_CHUNKS = args.steal_segment
     libs = build_variants(variants)
     if prebuilt:
         from foscar import kernels

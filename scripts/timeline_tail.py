@@ -11,8 +11,7 @@ upper bound, and so is the tail's cost.
 
     python3 scripts/timeline_tail.py docs/data/timeline_v31_b128.json.gz [--sms 132]
 
-Counts what a CTA's first item ran (its chunks from the plan: chunks_per_split); a build that
-steals (FOSCAR_STEAL) runs pieces of unknown length, so it reports the ends and pieces only.
+Counts what a CTA's first item ran (its chunks from the plan: chunks_per_split).
 """
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ import gzip
 import json
 import statistics
 import sys
-from collections import Counter
 from pathlib import Path
 
 QUARTERS = ("first_s", "quarter1", "half", "quarter3", "last_trip")
@@ -67,11 +65,7 @@ def analyse(tl: dict, sms: int, step: float = 5.0) -> dict:
     rows = [dict(zip(cols, r)) for r in cold["ctas"]]
     rows = [{k.removesuffix("_us"): v for k, v in r.items()} for r in rows]
     first = [r for r in rows if r["k"] == 0 and r.get("last_trip")]
-    pieces: dict[int, int] = {}
-    for r in rows:
-        if r.get("item"):
-            pieces[r["cta"]] = pieces.get(r["cta"], 0) + 1
-    # Each CTA's end: the last trip of its last piece (a FOSCAR_STEAL build runs several).
+    # Each CTA's end: the last trip of its last item.
     ends_of: dict[int, float] = {}
     for r in rows:
         if r.get("last_trip"):
@@ -81,11 +75,10 @@ def analyse(tl: dict, sms: int, step: float = 5.0) -> dict:
         ranks.setdefault(cta // sms, []).append(end)
     out = {"config": tl.get("config"), "variant": tl.get("variant"), "ctas": len(ends_of),
            "end_by_rank": {rank: {"n": len(v), "p10_median_p90_max": percentiles(v)} for rank, v in sorted(ranks.items())},
-           "pieces_per_cta": dict(sorted(Counter(pieces.values()).items())),
            "quarters": None, "tail": None}
     chunks = tl.get("chunks_per_split")
-    if not chunks or max(pieces.values(), default=1) > 1 and tl.get("num_splits") == 1:
-        return out  # pieces of unknown length: ends only
+    if not chunks:
+        return out
     has_quarters = all(r.get("quarter1") for r in first)
     if has_quarters:  # us a trip in each quarter of the item, median over the CTAs of each rank
         out["quarters"] = {
@@ -118,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=1))
         return 0
     for r in results:
-        print(f"{r['config']} ({r['variant']}): {r['ctas']} CTAs; pieces per CTA {r['pieces_per_cta']}")
+        print(f"{r['config']} ({r['variant']}): {r['ctas']} CTAs")
         for rank, e in r["end_by_rank"].items():
             print(f"  rank {rank} ({e['n']} CTAs): its last trip p10 / median / p90 / max {e['p10_median_p90_max']} us")
         for rank, q in (r["quarters"] or {}).items():

@@ -28,8 +28,6 @@ extern "C" int foscar_ctas_per_sm_alt(int bits, int group_size, int k_channel, i
   return foscar::query_instance<foscar::AltCtasQuery>(bits, group_size, k_channel, v_channel, dequant, heads_per_item);
 }
 
-extern "C" int foscar_steals(void) { return foscar::kSteal ? 1 : 0; }
-
 extern "C" int foscar_decode_smem_bytes(int bits, int group_size, int k_channel, int v_channel, int dequant,
                                         int heads_per_item) {
   return foscar::query_instance<foscar::SmemQuery>(bits, group_size, k_channel, v_channel, dequant, heads_per_item);

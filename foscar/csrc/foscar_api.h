@@ -43,11 +43,9 @@ typedef struct FoscarDecodeArgs {
   uint64_t* timeline;     /* lab knob FOSCAR_TIMELINE only (foscar_decode.cuh): int64 [num_ctas,
                            * kTimelineItems, kTimelinePhases] of %globaltimer stamps, zeroed by the
                            * caller; NULL otherwise */
-  int32_t steal_segment_chunks; /* lab knob FOSCAR_STEAL only: chunks a stealable segment (0: none) */
-  int32_t steal_extra_slots;    /* and thieves' partial slots per split: ws_o and ws_ml hold
-                                 * num_splits (1 + steal_extra_slots) per (sequence, query head), and
-                                 * ws_count, after its counters, num_items 8-byte range words and
-                                 * the count of unclaimed segments (kernels.steal_workspace_ints) */
+  int32_t reserved0;            /* reserved0 and reserved1 were the retired stolen tail's (v36); both */
+  int32_t reserved1;            /* must be 0. Kept so that the fields after them stay in place: fields
+                                 * are only ever appended (kernel_lab --prebuilt loads other commits) */
   int32_t ctas_per_sm;          /* 0: the kernel instance of foscar_ctas_per_sm; or the count of
                                  * foscar_ctas_per_sm_alt, its second instance (the planner's choice) */
 } FoscarDecodeArgs;
@@ -65,8 +63,6 @@ FOSCAR_EXPORT int foscar_ctas_per_sm(int bits, int group_size, int k_channel, in
  * instance is not built. */
 FOSCAR_EXPORT int foscar_ctas_per_sm_alt(int bits, int group_size, int k_channel, int v_channel, int dequant,
                                          int heads_per_item);
-/* 1 if this build steals the tail (lab knob FOSCAR_STEAL), else 0. */
-FOSCAR_EXPORT int foscar_steals(void);
 /* Dynamic shared memory per CTA of one decode kernel instance, or -1 if it is not built. */
 FOSCAR_EXPORT int foscar_decode_smem_bytes(int bits, int group_size, int k_channel, int v_channel, int dequant,
                                            int heads_per_item);

@@ -439,14 +439,11 @@ __device__ __forceinline__ void begin_item(const DecodeParams& p, SharedStorage<
   }
 }
 
-// Trip c of an item's chunk loop: V of chunk c against its P, S of chunk c + 1 issued beside it.
-// Whether it is the item's last (no next S to issue) is c == chunk_end - 1, or, where kFlags
-// (FOSCAR_STEAL, whose producer decides a piece's end as it goes), the flag the producer leaves by
-// the stage, read once the stage is waited for; the flags are returned.
-template <bool kFlags, class T, class KSide, class VSide>
-__device__ __forceinline__ uint8_t run_trip(SharedStorage<T>& s, const Lane& L, SStream<T, KSide>& ss, KSide& ks,
-                                            VSide& vs, WarpSoftmax& sm, const RingCursor<T>& ring, int c,
-                                            int chunk_end) {
+// Trip c of an item's chunk loop: V of chunk c against its P, S of chunk c + 1 issued beside it;
+// the item's last (no next S to issue) where c == chunk_end - 1.
+template <class T, class KSide, class VSide>
+__device__ __forceinline__ void run_trip(SharedStorage<T>& s, const Lane& L, SStream<T, KSide>& ss, KSide& ks,
+                                         VSide& vs, WarpSoftmax& sm, int c, int chunk_end) {
   // This trip's stages: V of chunk c (codes, parameters) and K of chunk c + 1.
   const uint8_t* v_blk[T::HP];
   const uint8_t* v_par[T::HP];
@@ -456,29 +453,20 @@ __device__ __forceinline__ uint8_t run_trip(SharedStorage<T>& s, const Lane& L, 
     v_par[hp] = ss.stage(hp) + 2 * T::kCodeBytes + T::kKParamBytes;
   }
   const int tok0 = c * kChunk;
-  bool last = !kFlags && c == chunk_end - 1;
-  bool group_ends = last || (tok0 + kChunk) % T::G == 0;
-  uint8_t flags = 0;
-  auto wait_stage = [&] {
-    ss.wait();
-    if constexpr (kFlags) {
-      flags = s.trip_flags[ring.slot_of(0)];
-      last = flags & kTripLast;
-      group_ends = group_ends || last;
-    }
-  };
+  const bool last = c == chunk_end - 1;
+  const bool group_ends = last || (tok0 + kChunk) % T::G == 0;
 
   // Scores of this warp's 16 tokens of chunk c, its softmax, P in registers. (Token-wise K
   // reads the chunk's K scales from the stage; channel-wise K has them in its constants, so
   // it waits for the stage only after its softmax.)
-  if constexpr (KSide::kScoresReadStage) wait_stage();
+  if constexpr (KSide::kScoresReadStage) ss.wait();
   float x[4];
   ss.scores(c, x);
   float alpha[2];
   if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
   float pr[4];
   sm.probabilities(x, pr);
-  if constexpr (!KSide::kScoresReadStage) wait_stage();
+  if constexpr (!KSide::kScoresReadStage) ss.wait();
   vs.begin(s, L, v_par, group_ends, pr);
 
   // S of chunk c + 1 on wgmma, head by head (the last chunk's runs on stale operands and is
@@ -500,24 +488,13 @@ __device__ __forceinline__ uint8_t run_trip(SharedStorage<T>& s, const Lane& L, 
     ss.complete();
   }
   ss.release();
-  return flags;
 }
 
-// Whether an item's output is written at once (one split; with FOSCAR_STEAL, nor stolen from nor
-// a thief), and otherwise the row of its partials for query head hq0 + hd.
-__device__ __forceinline__ bool direct_output(const DecodeParams& p, const WorkItem& w) {
-#if FOSCAR_STEAL
-  return w.direct;
-#else
-  return p.num_splits == 1;
-#endif
-}
+// Whether an item's output is written at once (one split), and otherwise the row of its partials
+// for query head hq0 + hd.
+__device__ __forceinline__ bool direct_output(const DecodeParams& p) { return p.num_splits == 1; }
 __device__ __forceinline__ size_t partial_row(const DecodeParams& p, const WorkItem& w, int hq0, int hd) {
-#if FOSCAR_STEAL
-  return ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.slots + w.slot;
-#else
   return ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits + w.split;
-#endif
 }
 
 // The end of an item: each warp's (m, l, O) merged through shared memory, then the output or
@@ -564,7 +541,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
         const float m = s.red[ww][hd][0];
         if (m != kNegInf) l += exp2f(m - mx) * s.red[ww][hd][1];
       }
-      if (direct_output(p, w)) {
+      if (direct_output(p)) {
         p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
       } else {
         const size_t row = partial_row(p, w, hq0, hd);
@@ -586,80 +563,14 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
     }
   }
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlStored);  // thread 0's stores issued (the others' may trail)
-  if (direct_output(p, w)) {
+  if (direct_output(p)) {
     named_barrier(kConsumerBarrier, kConsumerThreads);  // s.red and s.merge are read out before the next item
     if (L.tid == 0) timeline_stamp<T>(p, w, kTlWritten);
     return;
   }
-#if FOSCAR_STEAL
-  merge_pieces<T>(p, s, L, w);
-#else
   merge_splits<T>(p, s, L, w);
-#endif
 }
 
-#if FOSCAR_STEAL
-// One piece of the consumer warpgroup (lab knob FOSCAR_STEAL), chunk by chunk: consume()'s item
-// loop below, with the piece's end read from the flag the producer leaves beside each stage.
-template <class T, class KSide, class VSide>
-__device__ __forceinline__ void consume_piece(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
-                                              RingCursor<T>& ring, WorkItem& w, bool empty) {
-  const int item = static_cast<int>(blockIdx.x) + w.k * static_cast<int>(gridDim.x);  // the timeline's index
-  KSide ks;
-  VSide vs;
-  WarpSoftmax sm;
-  SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
-  begin_item<T>(p, s, L, w, item, !empty, ks, vs, ss, ring);
-  // Trip c, whose end the producer's flag beside its stage says. Returns the flags.
-  auto trip = [&](int c) { return run_trip<true>(s, L, ss, ks, vs, sm, ring, c, 0); };
-  w.units = 0;
-  bool stolen = false;
-  if (!empty) {
-    for (int c = w.chunk_begin;; ++c) {
-      const uint8_t flags = trip(c);
-      ring.next_trip();
-      if (flags & kTripLast) {
-        w.units = c + 1 - w.chunk_begin;
-        stolen = flags & kTripStolen;
-        break;
-      }
-    }
-  }
-  // The rest of the piece from its mailbox entry, which the consumers free only now (kept out
-  // of registers through the trips).
-  const Piece& pc = s.piece[w.k & 1];
-  w.slot = pc.slot;
-  w.thief = pc.flags & kPieceThief;
-  w.direct = p.num_splits == 1 && !w.thief && !stolen;
-  if (!w.thief && w.split == 0) w.units += 1;  // the tail's unit: split 0's owner counts even with no chunk
-  if (w.units == 0) return;  // a split with no chunk: nothing to write or merge
-
-  if (L.tid == 0) timeline_stamp(p, item, kTlLastTrip);
-  if constexpr (T::kHasTail) {
-    if (w.split == 0 && w.tail_len > 0 && !w.thief) consume_tail<T>(p, s, L, w, sm, vs);
-  }
-  finish_item<T>(p, s, L, w, sm, vs);
-}
-
-// The consumer warpgroup of FOSCAR_STEAL: the pieces its producer posts.
-template <class T, class KSide, class VSide>
-__device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
-  const Lane L(threadIdx.x - 128, p.ratio, T::HP);
-  RingCursor<T> ring;  // the current trip's stages
-  for (int k = 0;; ++k) {
-    const int e = k & 1;
-    mbar_wait(&s.piece_full[e], (k >> 1) & 1);
-    const Piece pc = s.piece[e];
-    if (pc.item < 0) return;
-    WorkItem w = work_item<T>(p, pc.item);
-    w.chunk_begin = pc.begin;
-    w.k = k;
-    consume_piece<T, KSide, VSide>(p, s, L, ring, w, pc.flags & kPieceEmpty);
-    __syncwarp();
-    if (L.lane == 0) mbar_arrive(&s.piece_empty[e]);  // the entry back to the producer
-  }
-}
-#else
 // The consumer warpgroup: the items of this CTA, chunk by chunk.
 template <class T, class KSide, class VSide>
 __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
@@ -673,7 +584,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
     begin_item<T>(p, s, L, w, item, w.chunk_end > w.chunk_begin, ks, vs, ss, ring);
     // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it.
-    auto trip = [&](int c) { run_trip<false>(s, L, ss, ks, vs, sm, ring, c, w.chunk_end); };
+    auto trip = [&](int c) { run_trip(s, L, ss, ks, vs, sm, c, w.chunk_end); };
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) {
 #if FOSCAR_TIMELINE
       if (L.tid == 0) {  // how far the item has come (a CTA's rate changes as its SM's others end)
@@ -693,7 +604,5 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     finish_item<T>(p, s, L, w, sm, vs);
   }
 }
-
-#endif  // FOSCAR_STEAL
 
 }  // namespace foscar

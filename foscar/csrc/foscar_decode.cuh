@@ -85,52 +85,6 @@ enum TimelinePhase : int {
 };
 constexpr int kTimelineItems = 4;
 
-// Lab knob FOSCAR_STEAL=1 (v36, docs/KERNELS.md "The stolen tail"): a CTA that has run out of
-// items takes the back half of the chunks still unclaimed in an item with many left. Each
-// item's split is cut into segments of p.steal_seg chunks; one 64-bit word per item in global
-// memory (p.ws_range) holds [front, back) of its unclaimed segments and how often it was stolen
-// from. The owner's producer claims segments from the front as it goes (one atomic add a
-// segment); a thief's takes the back half with a compare-and-swap. The producer, not the item
-// index, now tells the consumers what they run: each piece (item, first chunk, partials' slot)
-// through a two-entry mailbox, and whether a trip is the piece's last in a flag beside its ring
-// stage. Pieces of a stolen item write partials and merge like splits (counted in chunks, since
-// their number is known only at the end). Off (the default), none of it is compiled.
-#ifndef FOSCAR_STEAL
-#define FOSCAR_STEAL 0
-#endif
-constexpr bool kSteal = FOSCAR_STEAL != 0;
-// Lab knobs of FOSCAR_STEAL for why v36c's thieves stole nothing on the H200 (docs/PERFORMANCE.md,
-// twentieth session): FOSCAR_STEAL_LOOK, how a look reads the range words (0: one bulk copy into
-// a borrowed ring stage, v36c; 1: the same after a generic-to-async proxy fence on global memory;
-// 2: L2 loads, word by word, as v36b); FOSCAR_STEAL_COUNT=0 drops the count of unclaimed
-// segments that ends the search.
-#ifndef FOSCAR_STEAL_LOOK
-#define FOSCAR_STEAL_LOOK 0
-#endif
-#ifndef FOSCAR_STEAL_COUNT
-#define FOSCAR_STEAL_COUNT 1
-#endif
-constexpr int kStealLostRaces = 32;  // compare-and-swaps lost in a row before a thief stops
-// A range word: front (bits 0-23) and back (24-47) in segments, steals (48-63).
-struct StealRange {
-  __host__ __device__ static constexpr unsigned long long pack(int front, int back, int steals) {
-    return static_cast<unsigned long long>(front) | static_cast<unsigned long long>(back) << 24 |
-           static_cast<unsigned long long>(steals) << 48;
-  }
-  __host__ __device__ static constexpr int front(unsigned long long w) { return static_cast<int>(w & 0xFFFFFF); }
-  __host__ __device__ static constexpr int back(unsigned long long w) { return static_cast<int>((w >> 24) & 0xFFFFFF); }
-  __host__ __device__ static constexpr int steals(unsigned long long w) { return static_cast<int>(w >> 48); }
-};
-// A piece of work as the producer posts it: an item (-1: no more), its first chunk, the slot of
-// its partials among its (sequence, KV head)'s, and flags.
-struct Piece {
-  int item, begin, slot, flags;
-};
-constexpr int kPieceEmpty = 1;  // an item with no packed chunk (its split, or all but the BF16 tail)
-constexpr int kPieceThief = 2;  // chunks taken from another CTA's item
-constexpr uint8_t kTripLast = 1;    // stage flag: the piece's last trip
-constexpr uint8_t kTripStolen = 2;  // and the owner's range was cut by a thief
-
 struct DecodeParams {
   const __nv_bfloat16* q;       // [batch, num_q_heads, D]
   __nv_bfloat16* o;             // [batch, num_q_heads, D]
@@ -155,13 +109,6 @@ struct DecodeParams {
   long long code_page_bytes, param_page_bytes;
   int num_splits, chunks_per_split, num_items;
   float sm_scale_log2;          // softmax scale times log2(e)
-#if FOSCAR_STEAL
-  unsigned long long* ws_range;  // [num_items] StealRange words, 0 between launches (after the counters in ws_count)
-  int* ws_unclaimed;             // segments no one has claimed yet, over every item begun (after the words; 0 between launches)
-  int steal_seg;                 // chunks a segment
-  int steal_extra;               // thieves' partial slots per split (each split's slots: its own, then these)
-  int slots;                     // partial slots per (sequence, query head): num_splits (1 + steal_extra)
-#endif
 #if FOSCAR_TIMELINE
   uint64_t* timeline;           // [ctas, kTimelineItems, kTimelinePhases] or null
 #endif
@@ -199,16 +146,6 @@ inline DecodeParams make_params(const FoscarDecodeArgs& a) {
   p.chunks_per_split = a.units_per_split;
   p.num_items = a.batch * (a.num_kv_heads / p.heads_per_item) * a.num_splits;
   p.sm_scale_log2 = a.sm_scale * 1.4426950408889634f;
-#if FOSCAR_STEAL
-  // The range words follow the counters, then the count of unclaimed segments, each 16-byte
-  // aligned (a thief's look copies the words in bulk, in 16-byte units).
-  const int counters = a.batch * a.num_kv_heads;
-  p.ws_range = reinterpret_cast<unsigned long long*>(a.ws_count + ((counters + 3) & ~3));
-  p.ws_unclaimed = reinterpret_cast<int*>(p.ws_range) + ((2 * p.num_items + 3) & ~3);
-  p.steal_seg = a.steal_segment_chunks > 0 ? a.steal_segment_chunks : 1 << 20;
-  p.steal_extra = a.steal_extra_slots;
-  p.slots = a.num_splits * (1 + a.steal_extra_slots);
-#endif
 #if FOSCAR_TIMELINE
   p.timeline = a.timeline;
 #endif
@@ -306,14 +243,6 @@ struct SharedStorage {
   float merge[4][kN / 2][kD];
   uint64_t full[T::kStages], empty[T::kStages];
   int last_split;
-#if FOSCAR_STEAL
-  Piece piece[2];                          // the producer's mailbox to the consumers
-  uint64_t piece_full[2], piece_empty[2];
-  uint8_t trip_flags[T::kStages];          // kTripLast, kTripStolen of the trip a stage starts
-  int merge_slots;                         // the merge: how many partial slots it reads (listed in s.merge)
-  int pieces_posted;                       // the producer's count
-  uint64_t look_full;                      // a thief's look: its copy of the range words landed
-#endif
 };
 
 // The CTAs per SM of a kernel's second instance, or 0 where it has none; the planner launches it
@@ -375,13 +304,6 @@ struct WorkItem {
   int b, h, split;  // h: the item's first KV head (T::HP consecutive heads)
   int chunk_begin, chunk_end;  // packed chunks of this split
   int packed_len, tail_len;
-#if FOSCAR_STEAL
-  int slot;     // its partials' slot (of p.slots per (sequence, query head))
-  int units;    // what its merge counts: the chunks it ran, + 1 for split 0's owner (its tail)
-  int k;        // the CTA's piece count (the timeline's item index)
-  bool thief;   // taken from another CTA's item
-  bool direct;  // the output written at once: one split, not stolen from, not a thief
-#endif
 };
 
 // Phase `phase` of this CTA's item `item` on the timeline (FOSCAR_TIMELINE; nothing without it).
@@ -397,11 +319,7 @@ __device__ __forceinline__ void timeline_stamp(const DecodeParams& p, int item, 
 // The same for a work item (work_item's inverse).
 template <class T>
 __device__ __forceinline__ void timeline_stamp(const DecodeParams& p, const WorkItem& w, int phase) {
-#if FOSCAR_STEAL
-  timeline_stamp(p, static_cast<int>(blockIdx.x) + w.k * static_cast<int>(gridDim.x), phase);  // the CTA's piece k
-#else
   timeline_stamp(p, (w.b * (p.num_kv_heads / T::HP) + w.h / T::HP) * p.num_splits + w.split, phase);
-#endif
 }
 
 template <class T>
@@ -535,146 +453,6 @@ __device__ void produce(const DecodeParams& p, SharedStorage<T>& s) {
       }
   }
 }
-
-#if FOSCAR_STEAL
-// The producer of FOSCAR_STEAL: thread 0 alone, as produce(). It streams the CTA's own items, then
-// what it finds to steal, one piece at a time, each posted to the consumers first. (Any other
-// thread in the producer's branch, a warp-wide scan among them, or a claim's result used as it
-// comes, and ptxas takes the stage loop off the uniform datapath: see lone_uniform.) Its state
-// between pieces lives in one struct.
-template <class T>
-struct StealingProducer {
-  RingCursor<T> ring;  // the next stage to fill
-
-  // Posts a piece; the count posted lives in shared memory (s.pieces_posted), so that the stage
-  // loops, at the producer's 24 registers, carry one value fewer.
-  __device__ __forceinline__ void post(const DecodeParams& p, SharedStorage<T>& s, int item, int begin, int slot, int flags) {
-    const int posted = s.pieces_posted;
-    const int e = posted & 1;
-    mbar_wait(&s.piece_empty[e], ((posted >> 1) & 1) ^ 1u);  // the consumers are done with its last use
-    s.piece[e] = Piece{item, begin, slot, flags};
-    mbar_arrive(&s.piece_full[e]);
-    s.pieces_posted = posted + 1;
-  }
-  // Stage j of the piece (V of chunk j, K of chunk j + 1 where `next`), every head's.
-  __device__ __forceinline__ void fill(const DecodeParams& p, SharedStorage<T>& s, const WorkItem& w, int begin,
-                                       int j, bool next, uint8_t flags, const EarlyPage& ep) {
-#pragma unroll
-    for (int hp = 0; hp < T::HP; ++hp, ring.advance(1)) {
-      mbar_wait(&s.empty[ring.slot], ring.phase ^ 1u);
-      s.trip_flags[ring.slot] = flags;
-      fill_stage<T>(p, s, ring.slot, w.b, w.h + hp, begin, next ? j + 2 : j + 1, j, ep.lpage, ep.page);
-    }
-  }
-  // The CTA's own item: its segments claimed from the front, each claim made at the stage whose K
-  // copy needs the next segment's first chunk, until the split ends or a claim finds a thief there
-  // first. Between claims the stages run an inner loop like produce()'s.
-  __device__ __forceinline__ void own(const DecodeParams& p, SharedStorage<T>& s, int item) {
-    const EarlyPage ep = early_page_of<T>(p, item);
-    const WorkItem w = work_item<T>(p, item);
-    post(p, s, item, w.chunk_begin, w.split * (1 + p.steal_extra), w.chunk_end == w.chunk_begin ? kPieceEmpty : 0);
-    if (w.chunk_end == w.chunk_begin) return;
-    const int seg = p.steal_seg;
-    // Segment 0 is the owner's; one split never stolen from puts its word back to 0 once it has
-    // claimed the last segment (a merge resets the others').
-    int end = min(w.chunk_begin + seg, w.chunk_end);  // the chunks claimed so far end here
-    const int segments = (w.chunk_end - w.chunk_begin + seg - 1) / seg;
-    atomicExch(p.ws_range + item, StealRange::pack(1, segments, 0));
-    if (segments > 1) atomicAdd(p.ws_unclaimed, segments - 1);  // (no result: a reduction)
-    if (end == w.chunk_end && p.num_splits == 1) atomicExch(p.ws_range + item, 0ull);
-    int j = w.chunk_begin - 1;
-    for (;;) {
-      for (; j < end - 1; ++j) fill(p, s, w, w.chunk_begin, j, true, 0, ep);  // chunk j + 1 is ours
-      bool stolen = false;
-      if (end < w.chunk_end) {  // stage end - 1: is chunk `end` ours too?
-        emu_pause_before_claim();
-        const unsigned long long old = atomicAdd(p.ws_range + item, 1ull);
-        if (lone_uniform(StealRange::front(old) < StealRange::back(old))) {
-          atomicAdd(p.ws_unclaimed, -1);
-          end = min(end + seg, w.chunk_end);
-          if (end == w.chunk_end && p.num_splits == 1) atomicExch(p.ws_range + item, 0ull);
-          continue;
-        }
-        stolen = true;
-      }
-      fill(p, s, w, w.chunk_begin, j, false, stolen ? kTripLast | kTripStolen : kTripLast, ep);  // the last stage
-      return;
-    }
-  }
-  // Segments [first, end_seg) of another CTA's item, taken as its (steals + 1)-th thief.
-  __device__ __forceinline__ void steal(const DecodeParams& p, SharedStorage<T>& s, int item, int first, int end_seg, int steals) {
-    const WorkItem w = work_item<T>(p, item);
-    const int begin = w.chunk_begin + first * p.steal_seg;
-    const int end = min(w.chunk_begin + end_seg * p.steal_seg, w.chunk_end);
-    post(p, s, item, begin, w.split * (1 + p.steal_extra) + 1 + steals, kPieceThief);
-    int j = begin - 1;
-    for (; j < end - 1; ++j) fill(p, s, w, begin, j, true, 0, EarlyPage{});
-    fill(p, s, w, begin, j, false, kTripLast, EarlyPage{});
-  }
-};
-
-template <class T>
-__device__ void produce_stealing(const DecodeParams& p, SharedStorage<T>& s) {
-  StealingProducer<T> pr;
-  s.pieces_posted = 0;
-  for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) pr.own(p, s, item);
-  // Then the back half of the unclaimed segments of an item with many, while one has two. A look
-  // copies the range words in bulk (one round trip to L2, where v36b's 32 loads took eight) into
-  // the ring stage the producer fills next, borrowed: its consumers are done with it, and the
-  // piece stolen next fills it. It takes the item with the most segments left, first met from an
-  // offset of the CTA's own (so that thieves that look together pick different items among
-  // equals). Launches of more items than a stage holds look window by window; a round of them
-  // that finds nothing ends it, and so does the count of unclaimed segments, one load, once
-  // it is under two (the CTA's exit waits for its producer: at batch 1 that ends the launch).
-  constexpr int kLookWords = T::kStageBytes / 16 * 2;
-  const int n = p.num_items, cap = min(n, kLookWords);
-  uint32_t look_phase = 0;
-  (void)look_phase;  // (FOSCAR_STEAL_LOOK 2 waits on no copy)
-  for (int start = 0, looked = 0, lost = 0; p.steal_extra > 0 && looked < n && lost < kStealLostRaces;) {
-    if (FOSCAR_STEAL_COUNT && lone_uniform(ld_relaxed_s32(p.ws_unclaimed)) < 2) break;
-    const int cnt = min(cap, n - start);
-    const unsigned long long* words = p.ws_range + start;  // FOSCAR_STEAL_LOOK 2: read in place
-    if constexpr (FOSCAR_STEAL_LOOK != 2) {
-      mbar_wait(&s.empty[pr.ring.slot], pr.ring.phase ^ 1u);
-      words = reinterpret_cast<const unsigned long long*>(s.ring[pr.ring.slot]);
-      const uint32_t bytes = (static_cast<uint32_t>(cnt) * 8u + 15u) & ~15u;
-      if constexpr (FOSCAR_STEAL_LOOK == 1) fence_proxy_async_global();
-      mbar_arrive_expect_tx(&s.look_full, bytes);
-      bulk_copy_g2s(s.ring[pr.ring.slot], p.ws_range + start, bytes, &s.look_full);
-      mbar_wait(&s.look_full, look_phase);
-      look_phase ^= 1u;
-    }
-    int best = -1, best_rem = 1;
-    unsigned long long best_x = 0;
-    const int off = static_cast<int>(blockIdx.x) % cnt;
-#pragma unroll 4
-    for (int k = 0; k < cnt; ++k) {
-      const int i = off + k < cnt ? off + k : off + k - cnt;
-      const unsigned long long x = FOSCAR_STEAL_LOOK == 2 ? __ldcg(words + i) : words[i];
-      const int rem = StealRange::back(x) - StealRange::front(x);
-      if (rem > best_rem && StealRange::steals(x) < p.steal_extra) best = i, best_rem = rem, best_x = x;
-    }
-    if constexpr (FOSCAR_STEAL_LOOK != 2) fence_proxy_async_smem();  // the stage's reads before the copies write it again
-    best = lone_uniform(best);  // (what the loads steer stays off the stage loop's datapath)
-    if (best < 0) {
-      looked += cnt;
-      start = start + cnt < n ? start + cnt : 0;
-      continue;
-    }
-    best += start;
-    const int front = lone_uniform(StealRange::front(best_x)), back = lone_uniform(StealRange::back(best_x));
-    const int steals = lone_uniform(StealRange::steals(best_x)), take = (back - front) / 2;
-    if (!lone_uniform(atomicCAS(p.ws_range + best, best_x, StealRange::pack(front, back - take, steals + 1)) == best_x)) {
-      ++lost;  // another CTA changed the word first: look again
-      continue;
-    }
-    atomicAdd(p.ws_unclaimed, -take);
-    looked = lost = 0;
-    pr.steal(p, s, best, back - take, back, steals);
-  }
-  pr.post(p, s, -1, 0, 0, 0);
-}
-#endif
 
 // ---------------------------------------------------------------------------------------
 // The consumer's view of itself: warp w (0..3) of the warpgroup, lane (g, t), and hp, the KV
@@ -1403,81 +1181,6 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
 }
 
-#if FOSCAR_STEAL
-// The merge of FOSCAR_STEAL: the pieces of a (sequence, KV head) count the chunks they ran (split
-// 0's owner one more, for its tail), so the piece that completes the sequence's chunks + 1 merges,
-// whichever and however many pieces there were. It reads each split's own slot where the split
-// had chunks (split 0's always) and its thieves' slots (as many as the split's range word counts
-// steals), and resets the words and the counter for the next launch.
-template <class T>
-__device__ void merge_pieces(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w) {
-  const int hq0 = w.h * p.ratio, S = p.num_splits;
-  const int chunks = (w.packed_len + kChunk - 1) / kChunk;
-  __threadfence();
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  if (L.tid == 0) {
-    timeline_stamp<T>(p, w, kTlWritten);
-    int* count = p.ws_count + (size_t)w.b * p.num_kv_heads + w.h;
-    const int done = atomicAdd(count, w.units) + w.units;
-    s.last_split = done == chunks + 1;
-    if (s.last_split) *count = 0;
-    timeline_stamp<T>(p, w, kTlCounted);
-  }
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  if (!s.last_split) return;
-  __threadfence();
-  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
-  // The slots, listed by warp 0 in the second half of s.merge (the weights take the first).
-  int* list = reinterpret_cast<int*>(&s.merge[2][0][0]);
-  static_assert(sizeof(s.merge) >= 2 * kN * 128 * sizeof(float), "the merge buffer holds 8 heads x 128 slots and the list");
-  if (L.warp == 0) {
-    const int item0 = (w.b * (p.num_kv_heads / T::HP) + w.h / T::HP) * S;
-    int base = 0;
-    for (int sp0 = 0; sp0 < S; sp0 += 32) {
-      const int sp = sp0 + L.lane;
-      int n = 0;
-      if (sp < S && (sp == 0 || sp * p.chunks_per_split < chunks))
-        n = 1 + StealRange::steals(atomicExch(p.ws_range + item0 + sp, 0ull));
-      int incl = n;  // inclusive prefix sum over the lanes
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_sync(0xffffffffu, incl, L.lane - o);
-        if (L.lane >= o) incl += y;
-      }
-      for (int i = 0; i < n; ++i) list[base + incl - n + i] = sp * (1 + p.steal_extra) + i;
-      base += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (L.lane == 0) s.merge_slots = base;
-  }
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  const int n = s.merge_slots;  // at most p.slots <= 128 (foscar_dispatch.h)
-  float* wgt = &s.merge[0][0][0];  // [head][i]
-  auto row = [&](int hd, int i) { return ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.slots + list[i]; };
-  for (int i = L.tid; i < p.cols * n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + row(i / n, i % n) * 2);
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  merge_weights(p, L, wgt, n, row);
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
-  // Warp w sums columns w, w + 4 over the slots, lane l channels 4 l .. 4 l + 3, as float4 (a
-  // weight of 0 skips its slot: its partials may be a split's with no token).
-  const int ch = 4 * L.lane;
-  for (int hd = L.warp; hd < p.cols; hd += 4) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-    for (int i = 0; i < n; ++i) {
-      const float wv = wgt[hd * n + i];
-      if (wv == 0.f) continue;
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.ws_o + row(hd, i) * kD + ch));
-      acc.x = fmaf(wv, v.x, acc.x), acc.y = fmaf(wv, v.y, acc.y), acc.z = fmaf(wv, v.z, acc.z), acc.w = fmaf(wv, v.w, acc.w);
-    }
-    *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
-        make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
-  }
-  named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split and the list are read out
-  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
-}
-#endif
-
 }  // namespace foscar
 
 #include "foscar_consume.cuh"
@@ -1494,24 +1197,13 @@ __global__ void __launch_bounds__(256, DecodeTraits<BITS, G, KCH, VCH, DEQ, HP, 
       mbar_init(&s.full[i], 1);   // the producer's arrive (and the copies' bytes)
       mbar_init(&s.empty[i], 4);  // one arrive per consumer warp
     }
-#if FOSCAR_STEAL
-    for (int i = 0; i < 2; ++i) {
-      mbar_init(&s.piece_full[i], 1);   // the producer's post
-      mbar_init(&s.piece_empty[i], 4);  // one arrive per consumer warp
-    }
-    mbar_init(&s.look_full, 1);  // the thief's arrive (and the copy's bytes)
-#endif
     mbar_init_fence();
     timeline_stamp(p, blockIdx.x, kTlEntry);  // before the barrier: the CTA's other stamps follow it
   }
   __syncthreads();
   if (threadIdx.x < 128) {  // producer warpgroup: one lane streams, the rest leave
     setmaxnreg_dec<T::kProducerRegs>();
-#if FOSCAR_STEAL
-    if (threadIdx.x == 0) produce_stealing<T>(p, s);  // thread 0 streams, then steals
-#else
     if (threadIdx.x == 0) produce<T>(p, s);
-#endif
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
     consume<T, KSideOf<T>, VSideOf<T>>(p, s);

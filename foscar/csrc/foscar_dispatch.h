@@ -41,9 +41,10 @@ inline int check_args(const FoscarDecodeArgs& a) {
     last_error() = "num_splits " + std::to_string(a.num_splits) + " is over the 128 the split merge holds";
     return 2;
   }
-  if (a.steal_segment_chunks < 0 || a.steal_extra_slots < 0 || a.num_splits * (1 + a.steal_extra_slots) > 128) {
-    last_error() = "steal_segment_chunks " + std::to_string(a.steal_segment_chunks) + " and steal_extra_slots " +
-                   std::to_string(a.steal_extra_slots) + " must be >= 0, with num_splits (1 + steal_extra_slots) <= 128";
+  if (a.reserved0 != 0 || a.reserved1 != 0) {  // the retired stolen tail's fields (foscar_api.h)
+    const bool first = a.reserved0 != 0;
+    last_error() = std::string(first ? "reserved0 " : "reserved1 ") + std::to_string(first ? a.reserved0 : a.reserved1) +
+                   " is not 0: the reserved fields of FoscarDecodeArgs must be 0";
     return 2;
   }
   if (a.num_q_heads % a.num_kv_heads || a.num_q_heads / a.num_kv_heads > 8) {

@@ -29,7 +29,7 @@ struct EmuLaunch {
     // One host thread per CUDA thread: `slots` CTAs at once (FOSCAR_EMU_CONCURRENT_CTAS, default
     // 1), slot c running CTAs c, c + slots, ... one after another, its threads meeting at the
     // CTA's barrier between two (shared memory is reused, as on a GPU). More than one slot lets
-    // the CTAs of a launch meet in global memory as they do on a GPU (lab knob FOSCAR_STEAL).
+    // the CTAs of a launch meet in global memory as they do on a GPU (the split merge's counters).
     const char* env = std::getenv("FOSCAR_EMU_CONCURRENT_CTAS");
     const int slots = std::max(1, std::min(env ? std::atoi(env) : 1, a.num_ctas));
     std::vector<std::unique_ptr<foscar_emu::Cta>> ctas;
@@ -76,8 +76,6 @@ extern "C" FOSCAR_EXPORT int foscar_emu_ctas_per_sm_alt(int bits, int group_size
                                                         int dequant, int heads_per_item) {
   return foscar::query_instance<foscar::AltCtasQuery>(bits, group_size, k_channel, v_channel, dequant, heads_per_item);
 }
-
-extern "C" FOSCAR_EXPORT int foscar_emu_steals(void) { return foscar::kSteal ? 1 : 0; }
 
 extern "C" FOSCAR_EXPORT int foscar_emu_kv_heads_per_item(int num_q_heads, int num_kv_heads) {
   return foscar::max_kv_heads_per_item_of(num_q_heads, num_kv_heads);

@@ -30,7 +30,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #ifndef __launch_bounds__
@@ -197,16 +196,6 @@ inline void __syncthreads() { ::foscar_emu::tls().cta->bar.arrive_and_wait(); }
 // CTAs run one after another here, or a few at once (foscar_emu.cpp): the fences and atomics are real.
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline int atomicAdd(int* address, int value) { return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST); }
-inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
-  return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST);
-}
-inline unsigned long long atomicExch(unsigned long long* address, unsigned long long value) {
-  return __atomic_exchange_n(address, value, __ATOMIC_SEQ_CST);
-}
-inline unsigned long long atomicCAS(unsigned long long* address, unsigned long long compare, unsigned long long value) {
-  __atomic_compare_exchange_n(address, &compare, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-  return compare;  // the word's old value, as on the GPU
-}
 template <class T>
 inline T __ldcg(const T* address) {
   return *address;
@@ -413,7 +402,6 @@ inline void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* 
   mbar_complete_if_done(m);
 }
 inline void fence_proxy_async_smem() {}
-inline void fence_proxy_async_global() {}
 
 // ---- named barriers and register reallocation
 inline void named_barrier(int id, int threads) { ::foscar_emu::named_arrive(id, threads, 0, nullptr); }
@@ -426,17 +414,6 @@ template <int N>
 inline void setmaxnreg_dec() {}
 template <int N>
 inline void setmaxnreg_inc() {}
-
-inline int ld_relaxed_s32(const int* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
-inline int lone_uniform(int v) { return v; }
-// FOSCAR_EMU_CLAIM_PAUSE_US=n: a work item's owner sleeps n us before each claim beyond its
-// first, so that in a launch with CTAs at once (FOSCAR_EMU_CONCURRENT_CTAS) the others run out
-// of work first and steal (tests of lab knob FOSCAR_STEAL).
-inline void emu_pause_before_claim() {
-  const char* v = std::getenv("FOSCAR_EMU_CLAIM_PAUSE_US");
-  const long us = v ? std::atol(v) : 0L;
-  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
-}
 
 // %globaltimer: the host's monotonic clock in nanoseconds.
 inline uint64_t globaltimer_ns() {

@@ -202,9 +202,6 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy accesses
 // (a wgmma reading a B tile that threads just stored).
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Orders global memory between the generic proxy (other threads' atomics, seen by this thread)
-// and this thread's later async-proxy reads (a bulk copy from global memory).
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 // ---- named barriers among a subset of the CTA's warps
 __device__ __forceinline__ void named_barrier(int id, int threads) {
@@ -233,21 +230,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 }
 
 __device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }
-
-// A global word that other CTAs update with atomics, read from L2 without an atomic (lab knob
-// FOSCAR_STEAL's count of unclaimed segments).
-__device__ __forceinline__ int ld_relaxed_s32(const int* p) {
-  int v;
-  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-// Nothing on the GPU; the host emulation may pause here so that another CTA runs first.
-__device__ __forceinline__ void emu_pause_before_claim() {}
-// A value the stealing producer's lone thread read from memory (an atomic's result, a shared
-// word), passed through a one-lane REDUX so that ptxas knows it warp-uniform. Without it, the
-// stage loop that the value steers leaves the uniform datapath: at the producer's 24 registers its
-// page and address arithmetic moves to vector registers and spills (v36, docs/PERFORMANCE.md).
-__device__ __forceinline__ int lone_uniform(int v) { return __reduce_max_sync(1u, v); }
 
 // The GPU's global nanosecond clock (one clock for every SM, unlike clock64): lab knob
 // FOSCAR_TIMELINE's stamps.

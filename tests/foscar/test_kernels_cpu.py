@@ -235,35 +235,6 @@ def test_the_planner_picks_split_counts_measured_near_the_best():
     assert judged >= 8
 
 
-def test_a_stealing_build_gets_its_slots_and_range_words():
-    # Lab knob FOSCAR_STEAL: the partials take num_splits (1 + extra) slots per (sequence, query
-    # head) and the counters are followed by one 8-byte range word per item, then the count of
-    # unclaimed segments, each part 16-byte aligned (a thief's look copies the words in bulk);
-    # without the knob the workspace is the default's and the struct's steal fields are 0.
-    k = torch.randn(3, 700, 2, 128, dtype=torch.bfloat16)
-    cache = foscar.quantize(k, k.clone(), [700, 300, 500], QuantConfig(bits=4, group_size=128, page_size=128))
-    q = torch.randn(3, 8, 128, dtype=torch.bfloat16)
-    sizes = []
-
-    def workspace(*n):
-        sizes.append(n)
-        return torch.empty(n[0]), torch.empty(n[1]), torch.zeros(n[2], dtype=torch.int32)
-
-    common = dict(sm_scale=None, variant="fold", num_splits=2, num_sms=132, ctas_per_sm=3, workspace=workspace,
-                  kv_heads_per_item=1)
-    plain = kernels.launch_args(q, cache, torch.empty_like(q), **common)
-    assert (plain.steal_segment_chunks, plain.steal_extra_slots) == (0, 0)
-    assert sizes[-1] == (3 * 8 * 2 * 128, 3 * 8 * 2 * 2, 3 * 2)
-    steal = kernels.launch_args(q, cache, torch.empty_like(q), steals=True, steal_segment_chunks=3, **common)
-    assert (steal.steal_segment_chunks, steal.steal_extra_slots) == (3, kernels.STEAL_MAX_EXTRA)
-    slots = 2 * (1 + kernels.STEAL_MAX_EXTRA)
-    items = 3 * 2 * 2  # sequences x KV heads x splits
-    assert sizes[-1] == (3 * 8 * slots * 128, 3 * 8 * slots * 2, 8 + 2 * items + 4)  # 6 counters, padded to 8
-    assert kernels.steal_workspace_ints(5, 3) == 8 + 8 + 4 and kernels.steal_workspace_ints(4, 2) == 4 + 4 + 4
-    with pytest.raises(ValueError, match="steal_segment_chunks=0"):
-        kernels.launch_args(q, cache, torch.empty_like(q), steals=True, steal_segment_chunks=0, **common)
-
-
 def test_the_merge_cost_grows_with_the_splits():
     # Batch 1's one-head kernels at four CTAs an SM (v35), split counts forced on the H200
     # (docs/data/lab_v35_splits_b1_kv*.json, lab_v35s_b*_kv*.json): where the planner's choice was

@@ -1,13 +1,11 @@
 """The producer's stage loops in SASS: on the uniform datapath, with no local memory.
 
 The producer runs at 24 registers (setmaxnreg). v31's `produce()`, thread 0 alone, keeps the page
-and address arithmetic of its stage loop in uniform registers. v36's stealing producer ran on the
-whole warp 0 and used its claims' results as they came: ptxas moved that arithmetic to vector
+and address arithmetic of its stage loop in uniform registers. v36's producer ran on the whole
+warp 0 and steered its loop by values it read from memory: ptxas moved that arithmetic to vector
 registers, the loop spilled, and every trip at batch 128 ran 7-18 % slower (docs/PERFORMANCE.md,
-eighteenth session). v36b is thread 0 alone again and passes what it reads from memory through
-`lone_uniform`. Built like the library (foscar.build's flags, sm_90a): the default build and the
-`FOSCAR_STEAL=1` build of the paired K token-wise / V token-wise INT2 kernel, every loop that issues
-bulk copies (UBLKCP)."""
+eighteenth session). Built like the library (foscar.build's flags, sm_90a): the paired K
+token-wise / V token-wise INT2 kernel, every loop that issues bulk copies (UBLKCP)."""
 from __future__ import annotations
 
 import pytest
@@ -32,23 +30,19 @@ def producer_sass(library_compile):
     if sass.find_tool("cuobjdump") is None:
         pytest.skip("cuobjdump is not installed (pip install nvidia-cuda-cuobjdump)")
 
-    def build(*defines: str) -> str:
-        cubin = library_compile('#include "foscar_decode.cuh"\n'
-                                f"template __global__ void foscar::foscar_decode_kernel<{INSTANCE}>("
-                                "const __grid_constant__ foscar::DecodeParams);\n", *defines, output="cubin")
-        return sass.disassemble(cubin)
-
-    return build
+    cubin = library_compile('#include "foscar_decode.cuh"\n'
+                            f"template __global__ void foscar::foscar_decode_kernel<{INSTANCE}>("
+                            "const __grid_constant__ foscar::DecodeParams);\n", output="cubin")
+    return sass.disassemble(cubin)
 
 
-@pytest.mark.parametrize("defines", [(), ("-DFOSCAR_STEAL=1",)], ids=["default", "steal"])
-def test_stage_loops_stay_uniform_without_local_memory(producer_sass, defines):
-    loops = stage_loops(producer_sass(*defines))
-    assert loops, f"no loop with {COPIES} bulk copies in foscar_decode_kernel<{INSTANCE}> {defines}"
+def test_stage_loops_stay_uniform_without_local_memory(producer_sass):
+    loops = stage_loops(producer_sass)
+    assert loops, f"no loop with {COPIES} bulk copies in foscar_decode_kernel<{INSTANCE}>"
     for body in loops:
         local = [i.text for i in body if i.opcode in sass.LOCAL_OPCODES]
         uniform = [i for i in body if i.opcode.startswith("U") and i.opcode != "UBLKCP"]
-        where = f"{defines}: a stage loop of {len(body)} instructions"
+        where = f"a stage loop of {len(body)} instructions"
         assert not local, f"{where} reads or writes local memory (spills): {local[:4]}"
         assert len(uniform) >= len(body) // 2, (f"{where} has {len(uniform)} uniform instructions: its address "
                                                  "arithmetic left the uniform datapath")

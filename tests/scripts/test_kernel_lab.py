@@ -45,9 +45,9 @@ def test_instances_name_the_planners_choice_and_the_own_instance(lab):
             lab.parse_instances(bad)
 
 def test_timeline_builds_its_knob_in_or_takes_a_prebuilt_library(lab):
-    variants = [("base", ()), ("steal", ("-DFOSCAR_STEAL=1",))]
+    variants = [("base", ()), ("one", ("-DFOSCAR_PAIR_HEADS=0",))]
     prebuilt = {"old": "/tmp/old/libfoscar.so"}
-    assert lab.timelined(variants, prebuilt, "steal") == ([("steal", ("-DFOSCAR_STEAL=1", lab.TIMELINE_KNOB))], {})
+    assert lab.timelined(variants, prebuilt, "one") == ([("one", ("-DFOSCAR_PAIR_HEADS=0", lab.TIMELINE_KNOB))], {})
     assert lab.timelined([("tl", (lab.TIMELINE_KNOB,))], {}, "tl") == ([("tl", (lab.TIMELINE_KNOB,))], {})
     assert lab.timelined(variants, prebuilt, "old") == ([], {"old": "/tmp/old/libfoscar.so"})
     with pytest.raises(SystemExit, match="'nope' names no --variant and no --prebuilt"):
