@@ -426,12 +426,11 @@ __device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const L
 // has chunks, its first chunk's S, whose stage goes back to the producer.
 template <class T, class KSide, class VSide>
 __device__ __forceinline__ void begin_item(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
-                                           int item, bool has_chunks, KSide& ks, VSide& vs, SStream<T, KSide>& ss,
-                                           RingCursor<T>& ring) {
+                                           int item, KSide& ks, VSide& vs, SStream<T, KSide>& ss, RingCursor<T>& ring) {
   if (L.tid == 0) timeline_stamp(p, item, kTlItem);
   vs.reset();
   load_query<T>(p, s, L, w, ks);
-  if (has_chunks) {
+  if (w.chunk_end > w.chunk_begin) {
     ss.first();
     if (L.tid == 0) timeline_stamp(p, item, kTlFirstS);
     ss.release();
@@ -582,7 +581,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     VSide vs;
     WarpSoftmax sm;
     SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
-    begin_item<T>(p, s, L, w, item, w.chunk_end > w.chunk_begin, ks, vs, ss, ring);
+    begin_item<T>(p, s, L, w, item, ks, vs, ss, ring);
     // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it.
     auto trip = [&](int c) { run_trip(s, L, ss, ks, vs, sm, c, w.chunk_end); };
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) {
