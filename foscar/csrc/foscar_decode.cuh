@@ -1108,6 +1108,38 @@ __device__ __forceinline__ void merge_weights(const DecodeParams& p, const Lane&
   }
 }
 
+// merge_weights in one pass, for the one-head kernels: lane l of warp w holds the (m, l) pairs of
+// splits l, l + 32, .. of column w (at most 128 splits: 4 a lane), read as one float2 each, so
+// the weights take one round trip to L2 and no barrier instead of two and one (v38: batch 1
+// 3-6 % faster from 4K to 32K). The paired kernels keep merge_weights: their trips are
+// scheduled around it.
+template <class Row>
+__device__ __forceinline__ void merge_weights_onepass(const DecodeParams& p, const Lane& L, float* wgt, int n,
+                                                      Row&& row) {
+  const float2* ml = reinterpret_cast<const float2*>(p.ws_ml);
+  for (int hd = L.warp; hd < p.cols; hd += 4) {
+    float2 v[4];
+    float mx = kNegInf;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = L.lane + 32 * k;
+      v[k] = i < n ? __ldcg(ml + row(hd, i)) : make_float2(kNegInf, 0.f);
+      mx = fmaxf(mx, v[k].x);
+    }
+    mx = reduce_lanes<32, true>(mx);
+    float e[4], den = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      e[k] = v[k].x == kNegInf ? 0.f : exp2f(v[k].x - mx);  // a split with no tokens weighs 0
+      den = fmaf(e[k], v[k].y, den);
+    }
+    den = reduce_lanes<32, false>(den);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (L.lane + 32 * k < n) wgt[hd * n + L.lane + 32 * k] = e[k] / den;
+  }
+}
+
 // After every split of an item wrote its partials (o against its own maximum m, and l): the
 // last split of a (sequence, KV head) to arrive merges them all into the output and resets the
 // counter for the next launch.
@@ -1128,19 +1160,25 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   if (!s.last_split) return;
   __threadfence();
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
-  // Every split's m and l of a head are read once: the m into shared memory (s.merge, free by
-  // now), then one warp per head turns them into weights exp2(m - max) / denominator as it reads
-  // the l; then the partials are summed over the splits with independent loads (a warp per column
-  // as float4 in the one-head kernels, thread tid's channel of every column in the paired). (Each thread
-  // reading every (m, l) itself, with the loads in a chain, cost ~35 us at batch 1 and 128K,
-  // where the last CTA of a KV head merges 49 splits while the rest of the GPU waits.)
+  // Every split's m and l of a head are read once and turned into weights exp2(m - max) /
+  // denominator by one warp per head: in the one-head kernels (batch 1-5, where the GPU waits on
+  // this merge) as (m, l) pairs in registers, in the paired the m through shared memory (s.merge,
+  // free by now) first and the l after. Then the partials are summed over the splits with
+  // independent loads (a warp per column as float4 in the one-head kernels, thread tid's channel
+  // of every column in the paired). (Each thread reading every (m, l) itself, with the loads in a
+  // chain, cost ~35 us at batch 1 and 128K, where the last CTA of a KV head merges 49 splits
+  // while the rest of the GPU waits.)
   const int S = p.num_splits, n = p.cols * S;  // at most 8 x 128 (foscar_dispatch.h)
   float* wgt = &s.merge[0][0][0];  // [head][split]
   static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 heads x 128 splits");
   const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // head hd, split sp: row0 + hd S + sp
-  for (int i = L.tid; i < n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + (row0 + i) * 2);
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  merge_weights(p, L, wgt, S, [&](int hd, int sp) { return row0 + hd * S + sp; });
+  if constexpr (T::HP == 1) {
+    merge_weights_onepass(p, L, wgt, S, [&](int hd, int sp) { return row0 + hd * S + sp; });
+  } else {
+    for (int i = L.tid; i < n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + (row0 + i) * 2);
+    named_barrier(kConsumerBarrier, kConsumerThreads);
+    merge_weights(p, L, wgt, S, [&](int hd, int sp) { return row0 + hd * S + sp; });
+  }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
   if constexpr (T::HP == 1) {
