@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kernel_lab.py over several shapes in one device call: SHAPES is a list of
 # "batch kv_len configs rounds [group]"; LAB_ARGS the variants (--variant / --prebuilt), the same
-# for every shape; each shape's rows go to $OUT/lab_<tag>_b<batch>_kv<len>[_g<group>].json.
+# for every shape; each shape's rows go to $OUT/lab_<tag>_b<batch>_kv<len>[_g<group>].json (more than
+# six of them packed into $OUT/lab_<tag>.tar.gz, since a call brings back at most 8 files).
 #   SHAPES="1 131072 4ct,2ct 2;1 4096 4ct 2 64" TAG=c4 \
 #     LAB_ARGS="--prebuilt v31=... --prebuilt c4=..." bash scripts/h200_shapes.sh
 # Timelines are scripts/h200_lab.sh's (TIMELINE=, TIMELINE_SHAPES=, TIMING=0), in the same call.
@@ -18,3 +19,8 @@ for shape in "${shapes[@]}"; do
         | grep -vE '^\{' | tee -a "$LOG"
 done
 smi | tee -a "$LOG"
+# A device call brings back at most 8 files: past 6 JSONs, they travel as one tarball.
+jsons=("$OUT"/lab_"${TAG}"_b*.json)
+if (( ${#jsons[@]} > 6 )) && [[ -e ${jsons[0]} ]]; then
+    tar -C "$OUT" -czf "$OUT/lab_${TAG}.tar.gz" "${jsons[@]#"$OUT"/}" && rm -f "${jsons[@]}"
+fi
