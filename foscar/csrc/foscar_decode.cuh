@@ -187,6 +187,12 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PAIR_STAGES_INT2
 #define FOSCAR_PAIR_STAGES_INT2 6
 #endif
+// Lab: the paired kernels merge splits as the one-head kernels do ((m, l) pairs in registers,
+// then a warp per column as float4), to time paired items at batch 1, where a pair's last split
+// reads 128 splits x 8 columns of partials (docs/PERFORMANCE.md, the next calls).
+#ifndef FOSCAR_PAIR_MERGE_WIDE
+#define FOSCAR_PAIR_MERGE_WIDE 0
+#endif
 
 // A kernel's shape: everything but its occupancy (DecodeTraits adds that, from the shared memory
 // this shape takes).
@@ -1172,7 +1178,8 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   float* wgt = &s.merge[0][0][0];  // [head][split]
   static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 heads x 128 splits");
   const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // head hd, split sp: row0 + hd S + sp
-  if constexpr (T::HP == 1) {
+  constexpr bool kWide = T::HP == 1 || FOSCAR_PAIR_MERGE_WIDE;  // the one-head kernels' merge
+  if constexpr (kWide) {
     merge_weights_onepass(p, L, wgt, S, [&](int hd, int sp) { return row0 + hd * S + sp; });
   } else {
     for (int i = L.tid; i < n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + (row0 + i) * 2);
@@ -1181,7 +1188,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
-  if constexpr (T::HP == 1) {
+  if constexpr (kWide) {
     // Warp w sums columns w, w + 4 over the splits, lane l channels 4 l .. 4 l + 3, as float4:
     // one SM reads 64 KB of partials in 2.1 us so, in 5.0 us as 4-byte loads
     // (scripts/probe_merge_read.cu), and batch 1 runs 2.5-10 % faster (docs/PERFORMANCE.md, v22).
