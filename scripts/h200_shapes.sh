@@ -21,6 +21,6 @@ done
 smi | tee -a "$LOG"
 # A device call brings back at most 8 files: past 6 JSONs, they travel as one tarball.
 jsons=("$OUT"/lab_"${TAG}"_b*.json)
-if (( ${#jsons[@]} > 6 )) && [[ -e ${jsons[0]} ]]; then
+if (( ${#jsons[@]} > 6 )); then  # an unmatched glob leaves one element
     tar -C "$OUT" -czf "$OUT/lab_${TAG}.tar.gz" "${jsons[@]#"$OUT"/}" && rm -f "${jsons[@]}"
 fi

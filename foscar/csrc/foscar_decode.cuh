@@ -1141,8 +1141,10 @@ __device__ __forceinline__ void merge_weights_onepass(const DecodeParams& p, con
     }
     den = reduce_lanes<32, false>(den);
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      if (L.lane + 32 * k < n) wgt[hd * n + L.lane + 32 * k] = e[k] / den;
+    for (int k = 0; k < 4; ++k) {
+      const int i = L.lane + 32 * k;
+      if (i < n) wgt[hd * n + i] = e[k] / den;
+    }
   }
 }
 
@@ -1178,13 +1180,14 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   float* wgt = &s.merge[0][0][0];  // [head][split]
   static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 heads x 128 splits");
   const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // head hd, split sp: row0 + hd S + sp
+  const auto row = [&](int hd, int sp) { return row0 + hd * S + sp; };
   constexpr bool kWide = T::HP == 1 || FOSCAR_PAIR_MERGE_WIDE;  // the one-head kernels' merge
   if constexpr (kWide) {
-    merge_weights_onepass(p, L, wgt, S, [&](int hd, int sp) { return row0 + hd * S + sp; });
+    merge_weights_onepass(p, L, wgt, S, row);
   } else {
     for (int i = L.tid; i < n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + (row0 + i) * 2);
     named_barrier(kConsumerBarrier, kConsumerThreads);
-    merge_weights(p, L, wgt, S, [&](int hd, int sp) { return row0 + hd * S + sp; });
+    merge_weights(p, L, wgt, S, row);
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
