@@ -9,7 +9,7 @@
 #   STAGES="tests grid paper accuracy floor alu" FOSCAR_GIT_SHA=<sha> BACKENDS_PAPER=foscar-int4,foscar-int2 \
 #     ALU_BACKENDS=foscar-int4,foscar-int2 bash scripts/h200_record.sh
 #                                 a kernel version through the harness in one call (about 4 minutes):
-#                                 the 16-case grid (runs grid-h200-<sha>, paper-h200-<sha>) and its read floor
+#                                 the 16-case grid (runs grid-<gpu>-<sha>, paper-<gpu>-<sha>) and its read floor
 #   STAGES="ceiling nvfp4" bash scripts/h200_record.sh       the searched read ceiling; FlashInfer NVFP4 vs its own timer
 #   STAGES="bdbuild bdprobe" bash scripts/h200_record.sh     build BitDecoding (carried in .bitdecoding/), probe INT4/INT2
 # With .bitdecoding/build present (bdbuild), `paper` times BitDecoding too. The `ceiling`
@@ -25,6 +25,9 @@ OUT=${OUT:-out}; W=$OUT/record; mkdir -p "$W"
 LOG=$OUT/record.log
 STAGES=${STAGES:-tests lab profile}
 SHA=${FOSCAR_GIT_SHA:-local}
+# The run ids name the card that ran them (grid-h200-<sha>, grid-h100-<sha>, ...); GPU_TAG overrides.
+GPU=${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'H[0-9]{3}|B[0-9]{3}|A[0-9]{3}' | head -1 | tr 'A-Z' 'a-z')}
+GPU=${GPU:-gpu}
 checkpoint() {  # fold each store's write-ahead log into it, so that the tarball holds whole databases
     for db in "$W"/*.sqlite; do [[ -e $db ]] && python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('pragma wal_checkpoint(TRUNCATE)')" "$db"; done
 }
@@ -63,11 +66,11 @@ for stage in $STAGES; do
         timeout 300 python3 scripts/accuracy_long.py --bits 2,4 --modes ct,tt,tc,cc --kv-len 4k,32k,128k,256k \
             --batch 1 --json "$W/acc_b1.json" 2>&1 | tail -34 | tee -a "$LOG" ;;
     paper)
-        timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" --run-id "${PAPER_RUN:-paper-h200-$SHA}" \
+        timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" --run-id "${PAPER_RUN:-paper-$GPU-$SHA}" \
             ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
     tokenk)  # the paper point with token-wise K (both V modes): the grid and `paper` are K channel-wise
         timeout 300 python3 -m suite sweep --preset paper --backends foscar-int4,foscar-int2 --k-mode token --v-mode token,channel \
-            --db "$W/paper.sqlite" --run-id "paper-tokenk-h200-$SHA" ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -12 | tee -a "$LOG" ;;
+            --db "$W/paper.sqlite" --run-id "paper-tokenk-$GPU-$SHA" ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -12 | tee -a "$LOG" ;;
     alu)
         RUN=$(python3 -c "from core.store import ResultStore; print(ResultStore('$W/paper.sqlite', readonly=True).latest_run())")
         timeout 240 python3 -m suite alu -b "$ALU_BACKENDS" \
@@ -77,10 +80,10 @@ for stage in $STAGES; do
             ${RESUME:+--resume "$RESUME"} ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -20 | tee -a "$LOG" ;;
     grid)  # the 16 cases of issue 11's geo-means, every backend that has them
         timeout 400 python3 -m suite sweep --preset full --kv-len "$GRID_KV" --backends "$BACKENDS_FULL" --db "$W/grid.sqlite" \
-            --run-id "grid-h200-$SHA" ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
+            --run-id "grid-$GPU-$SHA" ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
     floor)  # the fastest cold read of each grid case's bytes: what bounds the geo-means (docs/MEASUREMENT.md)
-        timeout 200 python3 -m suite ceiling --floor --db "$W/grid.sqlite" --run "grid-h200-$SHA" \
-            --json-out "$W/floor_h200_grid_$SHA.json" 2>&1 | tail -24 | tee -a "$LOG" ;;
+        timeout 200 python3 -m suite ceiling --floor --db "$W/grid.sqlite" --run "grid-$GPU-$SHA" \
+            --json-out "$W/floor_${GPU}_grid_$SHA.json" 2>&1 | tail -24 | tee -a "$LOG" ;;
     ceiling)  # the read ceiling, searched over kernels and launch shapes, with its spread
         timeout 300 python3 -m suite ceiling --json "$W/ceiling.json" 2>&1 | tail -14 | tee -a "$LOG"
         # later stages, and later calls on the same machine, reuse it
