@@ -187,12 +187,6 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PAIR_STAGES_INT2
 #define FOSCAR_PAIR_STAGES_INT2 6
 #endif
-// Lab: the paired kernels merge splits as the one-head kernels do ((m, l) pairs in registers,
-// then a warp per column as float4), to time paired items at batch 1, where a pair's last split
-// reads 128 splits x 8 columns of partials (docs/PERFORMANCE.md, the next calls).
-#ifndef FOSCAR_PAIR_MERGE_WIDE
-#define FOSCAR_PAIR_MERGE_WIDE 0
-#endif
 
 // A kernel's shape: everything but its occupancy (DecodeTraits adds that, from the shared memory
 // this shape takes).
@@ -1082,46 +1076,14 @@ struct SStream {
 // Channel c of the first COLS columns (those below cols) summed over the splits with their
 // weights, the partials of UNROLL splits loaded at once: the merge waits on L2, and at batch 1
 // the last CTA of a KV head merges 49 splits while the rest of the GPU has finished.
-template <int COLS, int UNROLL>
-__device__ __forceinline__ void merge_columns(const DecodeParams& p, const float* wgt, size_t row0, int S, int c,
-                                              float (&acc)[kN]) {
-#pragma unroll UNROLL
-  for (int sp = 0; sp < S; ++sp) {
-#pragma unroll
-    for (int hd = 0; hd < COLS; ++hd)
-      if (hd < p.cols) acc[hd] = fmaf(wgt[hd * S + sp], __ldcg(p.ws_o + (row0 + hd * S + sp) * kD + c), acc[hd]);
-  }
-}
-
-// The merge's weights: wgt[hd n + i] holds partial i's maximum m of column hd on entry, and
-// exp2(m - max) / denominator on return (0 for a partial with no token), warp w for columns w,
-// w + 4; row(hd, i) is the partial's row of (m, l) pairs in p.ws_ml.
+// The merge's weights: wgt[hd n + i] = exp2(m - max) / denominator of column hd's partial i (0 for
+// a partial with no token), where row(hd, i) is that partial's row of (m, l) pairs in p.ws_ml.
+// Lane l of warp w holds the pairs of splits l, l + 32, .. of columns w, w + 4 (at most 128
+// splits: 4 a lane), read as one float2 each, so the weights take one round trip to L2 and no
+// barrier (v38: batch 1 3-6 % faster from 4K to 32K than the m through shared memory first and
+// the l after; v39: the paired kernels too, batch 8 2-5 % faster).
 template <class Row>
 __device__ __forceinline__ void merge_weights(const DecodeParams& p, const Lane& L, float* wgt, int n, Row&& row) {
-  for (int hd = L.warp; hd < p.cols; hd += 4) {
-    float mx = kNegInf;
-    for (int i = L.lane; i < n; i += 32) mx = fmaxf(mx, wgt[hd * n + i]);
-    mx = reduce_lanes<32, true>(mx);
-    float den = 0.f;
-    for (int i = L.lane; i < n; i += 32) {
-      const float m = wgt[hd * n + i];  // a split with no tokens of this sequence weighs 0
-      const float e = m == kNegInf ? 0.f : exp2f(m - mx);
-      den = fmaf(e, __ldcg(p.ws_ml + row(hd, i) * 2 + 1), den);
-      wgt[hd * n + i] = e;
-    }
-    den = reduce_lanes<32, false>(den);
-    for (int i = L.lane; i < n; i += 32) wgt[hd * n + i] /= den;
-  }
-}
-
-// merge_weights in one pass, for the one-head kernels: lane l of warp w holds the (m, l) pairs of
-// splits l, l + 32, .. of column w (at most 128 splits: 4 a lane), read as one float2 each, so
-// the weights take one round trip to L2 and no barrier instead of two and one (v38: batch 1
-// 3-6 % faster from 4K to 32K). The paired kernels keep merge_weights: their trips are
-// scheduled around it.
-template <class Row>
-__device__ __forceinline__ void merge_weights_onepass(const DecodeParams& p, const Lane& L, float* wgt, int n,
-                                                      Row&& row) {
   const float2* ml = reinterpret_cast<const float2*>(p.ws_ml);
   for (int hd = L.warp; hd < p.cols; hd += 4) {
     float2 v[4];
@@ -1168,62 +1130,32 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   if (!s.last_split) return;
   __threadfence();
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
-  // Every split's m and l of a head are read once and turned into weights exp2(m - max) /
-  // denominator by one warp per head: in the one-head kernels (batch 1-5, where the GPU waits on
-  // this merge) as (m, l) pairs in registers, in the paired the m through shared memory (s.merge,
-  // free by now) first and the l after. Then the partials are summed over the splits with
-  // independent loads (a warp per column as float4 in the one-head kernels, thread tid's channel
-  // of every column in the paired). (Each thread reading every (m, l) itself, with the loads in a
-  // chain, cost ~35 us at batch 1 and 128K, where the last CTA of a KV head merges 49 splits
-  // while the rest of the GPU waits.)
-  const int S = p.num_splits, n = p.cols * S;  // at most 8 x 128 (foscar_dispatch.h)
-  float* wgt = &s.merge[0][0][0];  // [head][split]
-  static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 heads x 128 splits");
-  const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // head hd, split sp: row0 + hd S + sp
-  const auto row = [&](int hd, int sp) { return row0 + hd * S + sp; };
-  constexpr bool kWide = T::HP == 1 || FOSCAR_PAIR_MERGE_WIDE;  // the one-head kernels' merge
-  if constexpr (kWide) {
-    merge_weights_onepass(p, L, wgt, S, row);
-  } else {
-    for (int i = L.tid; i < n; i += kConsumerThreads) wgt[i] = __ldcg(p.ws_ml + (row0 + i) * 2);
-    named_barrier(kConsumerBarrier, kConsumerThreads);
-    merge_weights(p, L, wgt, S, row);
-  }
+  // Every split's m and l of a column are read once, as (m, l) pairs in registers, and turned
+  // into weights by one warp per column (merge_weights); then warp w sums columns w, w + 4 over
+  // the splits, lane l channels 4 l .. 4 l + 3, as float4 with independent loads: one SM reads
+  // 64 KB of partials in 2.1 us so, in 5.0 us as 4-byte loads (scripts/probe_merge_read.cu), and
+  // batch 1 ran 2.5-10 % faster (docs/PERFORMANCE.md, v22). (Each thread reading every (m, l)
+  // itself, with the loads in a chain, cost ~35 us at batch 1 and 128K, where the last CTA of a
+  // KV head merges 49 splits while the rest of the GPU waits.)
+  const int S = p.num_splits;  // at most 8 columns x 128 splits (foscar_dispatch.h)
+  float* wgt = &s.merge[0][0][0];  // [column][split]
+  static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 columns x 128 splits");
+  const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // column hd, split sp: row0 + hd S + sp
+  merge_weights(p, L, wgt, S, [&](int hd, int sp) { return row0 + hd * S + sp; });
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
-  if constexpr (kWide) {
-    // Warp w sums columns w, w + 4 over the splits, lane l channels 4 l .. 4 l + 3, as float4:
-    // one SM reads 64 KB of partials in 2.1 us so, in 5.0 us as 4-byte loads
-    // (scripts/probe_merge_read.cu), and batch 1 runs 2.5-10 % faster (docs/PERFORMANCE.md, v22).
-    // The paired kernels keep the 4-byte loads: a change to their merge reschedules their trips.
-    const int ch = 4 * L.lane;
-    for (int hd = L.warp; hd < p.cols; hd += 4) {
-      const float4* src = reinterpret_cast<const float4*>(p.ws_o + (row0 + (size_t)hd * S) * kD + ch);
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int ch = 4 * L.lane;
+  for (int hd = L.warp; hd < p.cols; hd += 4) {
+    const float4* src = reinterpret_cast<const float4*>(p.ws_o + (row0 + (size_t)hd * S) * kD + ch);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
-      for (int sp = 0; sp < S; ++sp) {
-        const float4 v = __ldcg(src + (size_t)sp * (kD / 4));
-        const float wv = wgt[hd * S + sp];
-        acc.x = fmaf(wv, v.x, acc.x), acc.y = fmaf(wv, v.y, acc.y), acc.z = fmaf(wv, v.z, acc.z), acc.w = fmaf(wv, v.w, acc.w);
-      }
-      *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
-          make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
+    for (int sp = 0; sp < S; ++sp) {
+      const float4 v = __ldcg(src + (size_t)sp * (kD / 4));
+      const float wv = wgt[hd * S + sp];
+      acc.x = fmaf(wv, v.x, acc.x), acc.y = fmaf(wv, v.y, acc.y), acc.z = fmaf(wv, v.z, acc.z), acc.w = fmaf(wv, v.w, acc.w);
     }
-  } else {
-    const int c = L.tid;
-    float acc[kN];
-#pragma unroll
-    for (int hd = 0; hd < kN; ++hd) acc[hd] = 0.f;
-    // 32 loads in flight either way. (One loop over 8 columns, each guarded by cols, 2 splits at a
-    // time, kept the loads of batch 1's 4 columns from overlapping: its merge took about 18 us of
-    // 46 at 32K and 19 of 79 at 128K; docs/PERFORMANCE.md, v10.)
-    if (p.cols <= kN / 2)
-      merge_columns<kN / 2, 8>(p, wgt, row0, S, c, acc);
-    else
-      merge_columns<kN, 4>(p, wgt, row0, S, c, acc);
-#pragma unroll
-    for (int hd = 0; hd < kN; ++hd)
-      if (hd < p.cols) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(acc[hd]);
+    *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
+        make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);

@@ -220,7 +220,6 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
     ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6"),
     ("-DFOSCAR_PAIR_HEADS=0",),  # one KV head per item at every ratio (the lab's baseline)
     ("-DFOSCAR_PV_SPLIT=1",),  # a paired trip's V slices split 1 / 3 between its two S groups
-    ("-DFOSCAR_PAIR_MERGE_WIDE=1",),  # the paired kernels' splits merged as the one-head kernels'
     # 2 CTAs per SM with an 8-stage paired ring
     ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_PAIR_STAGES_INT4=8", "-DFOSCAR_PAIR_STAGES_INT2=8"),
     # 4 CTAs per SM with 4 paired INT4 stages: the kernels whose shared memory holds fewer keep 3
@@ -238,15 +237,15 @@ def test_build_knobs_compute_the_same_function(knobs):
         assert err <= TOLERANCE, f"seed={seed} bits={bits} knobs={knobs}: {err:.2e}"
 
 
-def test_paired_wide_merge_knob_merges_every_split_count():
-    # FOSCAR_PAIR_MERGE_WIDE (lab): paired items merged as the one-head kernels merge theirs,
-    # (m, l) pairs in registers and a warp per column as float4, over 8 columns of two KV heads.
+def test_paired_merge_covers_every_column_and_split_count():
+    # Paired items merge as the one-head kernels merge theirs ((m, l) pairs in registers, warp w
+    # for columns w and w + 4 as float4), here over the 8 columns of two KV heads: a column left
+    # out, or a split count that is not a multiple of the unroll, shows as an error.
     for bits in (4, 2):
         seed, config, lens, _, ratio = _case(bits, 128, "channel", "token", batch=2, ratio=4, max_len=900)
         q, cache = _data(config, lens, 2, ratio, seed)
         for splits in (2, 5):
-            err = _error(q, cache, lens, defines=("-DFOSCAR_PAIR_MERGE_WIDE=1",), kv_heads_per_item=2,
-                         num_splits=splits)
+            err = _error(q, cache, lens, kv_heads_per_item=2, num_splits=splits)
             assert err <= TOLERANCE, f"seed={seed} bits={bits} splits={splits}: {err:.2e}"
 
 
