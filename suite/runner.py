@@ -33,6 +33,11 @@ MAX_CHECK_SEQS = 4  # sequences the float64 reference checks in big cases
 MAX_ROTATE_COPIES = 32
 MAX_ROTATE_COPIES_SHAPE = 256
 MEMORY_HEADROOM_BYTES = 2 << 30
+# check()'s float64 reference attends one KV head of one sequence at a time; fit_reason counts
+# what one such call holds at its peak (attention_f64): K in float64 (or V with its masked
+# copy, two), plus one for einsum's own reshaping; the scores with their masked copy and p.
+F64_KV_COPIES = 3
+F64_SCORE_COPIES = 3
 
 # Messages that mean the CUDA context is (or may be) unusable: the worker is replaced.
 FATAL_MARKERS = (
@@ -158,12 +163,33 @@ def fit_reason(ctx: WorkerContext, case: Case, backend: Backend) -> str | None:
     same = ctx.source_key == _source_key(case)
     if cached and not same:
         free += _bytes_of(ctx.source)  # released before this case's source is made
-    need = (0 if same else source_bytes(case)) + int(backend.memory_bytes(case) * 1.1) + MEMORY_HEADROOM_BYTES
+    return fit_shortfall(case, backend.name, backend.memory_bytes(case), free, total, source_resident=same)
+
+
+def check_bytes(case: Case) -> int:
+    """Device bytes check() holds at its peak beyond the source and the cache: one sequence's
+    K and V from the backend's reference_kv, counted as float32 (what the dequantizing
+    backends return), and one KV head's float64 attention temporaries (F64_KV_COPIES,
+    F64_SCORE_COPIES). The exact reference reads the source through views: no copy. What
+    reference_kv needs while it works (foscar.dequantize's float32 temporaries: about 2.6 GB
+    more at one 128K-token sequence of 8 heads) is left to the headroom and the cache's 10%."""
+    kv = 2 * case.kv_len * case.num_kv_heads * case.head_dim * 4
+    rows = case.num_q_heads // case.num_kv_heads
+    head = 8 * case.kv_len * (F64_KV_COPIES * case.head_dim + F64_SCORE_COPIES * rows)
+    return kv + head
+
+
+def fit_shortfall(case: Case, name: str, cache_bytes: int, free: int, total: int,
+                  source_resident: bool = False) -> str | None:
+    """fit_reason's arithmetic, off the GPU: why `case` does not fit in `free` bytes (None when
+    it does), given the backend's cache bytes and whether the case's source is already made."""
+    src, chk = source_bytes(case), check_bytes(case)
+    need = (0 if source_resident else src) + int(cache_bytes * 1.1) + chk + MEMORY_HEADROOM_BYTES
     if need > free:
         return (
-            f"needs about {need / 1e9:.1f} GB on the GPU (source K/V {source_bytes(case) / 1e9:.1f} GB "
-            f"+ {backend.name}'s cache {backend.memory_bytes(case) / 1e9:.1f} GB); "
-            f"{free / 1e9:.1f} GB free of {total / 1e9:.1f} GB"
+            f"needs about {need / 1e9:.1f} GB on the GPU (source K/V {src / 1e9:.1f} GB "
+            f"+ {name}'s cache {cache_bytes / 1e9:.1f} GB + the check's float64 reference "
+            f"{chk / 1e9:.1f} GB); {free / 1e9:.1f} GB free of {total / 1e9:.1f} GB"
         )
     return None
 
@@ -194,6 +220,35 @@ def rel_l2(a, b) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
 
 
+def reference_outputs(prepared: Prepared, source: SourceKV, idx: list[int]):
+    """float64 attention for the sequences `idx`, [n, num_q_heads, head_dim]: over the
+    backend's own reference_kv (ref) and over the BF16 source (exact).
+
+    One sequence, then one KV head (with its query heads) at a time, so the peak is one
+    sequence's reference K/V plus one head's float64 temporaries (check_bytes), not the
+    whole check's: at batch 128 and 128K tokens the four sequences' float32 K alone asked
+    for 2 GiB beside a 69 GB source. Each sequence's K/V is freed before the next's."""
+    import torch
+
+    n, num_q_heads, dim = len(idx), source.q.shape[1], source.q.shape[2]
+    num_kv_heads = source.k.shape[2]
+    rows = num_q_heads // num_kv_heads  # query head h reads KV head h // rows
+    ref = torch.empty(n, num_q_heads, dim, dtype=torch.float64, device=source.q.device)
+    exact = torch.empty_like(ref)
+    for j, i in enumerate(idx):
+        k_ref, v_ref = prepared.reference_kv([i])
+        lens = source.seq_lens[i : i + 1]
+        for h in range(num_kv_heads):
+            q = source.q[i : i + 1, h * rows : (h + 1) * rows]
+            heads = slice(h, h + 1)
+            ref[j, h * rows : (h + 1) * rows] = attention_f64(
+                q, k_ref[:, :, heads], v_ref[:, :, heads], lens, source.sm_scale)[0]
+            exact[j, h * rows : (h + 1) * rows] = attention_f64(
+                q, source.k[i : i + 1, :, heads], source.v[i : i + 1, :, heads], lens, source.sm_scale)[0]
+        del k_ref, v_ref  # before the next sequence's are made
+    return ref, exact
+
+
 def check(case: Case, backend: Backend, prepared: Prepared, source: SourceKV,
           ctx: WorkerContext) -> tuple[CheckFields, str | None]:
     """Run once over a poisoned output; compare with float64 over the backend's own cache.
@@ -216,12 +271,8 @@ def check(case: Case, backend: Backend, prepared: Prepared, source: SourceKV,
         return res, f"{bad} of {out.numel()} output elements are NaN/Inf (poisoned and never written, or overflow)."
     idx = check_indices(case.batch)
     ii = torch.as_tensor(idx, device=source.q.device)
-    k_ref, v_ref = prepared.reference_kv(idx)
-    lens = source.seq_lens.index_select(0, ii)
-    q = source.q.index_select(0, ii)
-    ref = attention_f64(q, k_ref, v_ref, lens, source.sm_scale)
+    ref, exact = reference_outputs(prepared, source, idx)
     res.rel_error = rel_l2(out.index_select(0, ii), ref)
-    exact = attention_f64(q, source.k.index_select(0, ii), source.v.index_select(0, ii), lens, source.sm_scale)
     res.quant_rel_error = rel_l2(ref, exact)
     res.checked_seqs = idx
     res.checked_note = (
