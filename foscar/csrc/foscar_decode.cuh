@@ -75,7 +75,7 @@ enum TimelinePhase : int {
   kTlStored,     // the item's finish: the partials (or the output) stored, before the fence
   kTlWritten,    // the split's partials written, before the merge counter's atomic (the output, with one split)
   kTlCounted,    // the merge counter's atomic returned (every split's CTA)
-  kTlMergeFenced,    // the merge: past its fence, before the (m, l) loads (the CTA whose split arrived last only)
+  kTlMergeFenced,    // the merge: past the barrier after the count, before the (m, l) loads (the CTA whose split arrived last only)
   kTlMergeWeighted,  // the merge: the splits' weights in shared memory, before the partials' loads (the same)
   kTlMerged,     // the merge of every split written (the CTA whose split arrived last only)
   kTlQuarter1,   // the consumers begin the item's trip n / 4 (n its trips): its progress, with
@@ -1116,19 +1116,19 @@ __device__ __forceinline__ void merge_weights(const DecodeParams& p, const Lane&
 template <class T>
 __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w) {
   const int hq0 = w.h * p.ratio;
-  __threadfence();
+  // The consumers' partials stores are ordered before thread 0's release by the barrier; its
+  // acquire, when it counts last, before their reads of the other splits' partials by the next.
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) {
     timeline_stamp<T>(p, w, kTlWritten);
     int* count = p.ws_count + (size_t)w.b * p.num_kv_heads + w.h;
-    const int done = atomicAdd(count, 1);
+    const int done = atomic_add_acq_rel_gpu(count, 1);
     s.last_split = done == p.num_splits - 1;
     if (s.last_split) *count = 0;  // every split has counted: ready for the next launch
     timeline_stamp<T>(p, w, kTlCounted);
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (!s.last_split) return;
-  __threadfence();
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
   // Every split's m and l of a column are read once, as (m, l) pairs in registers, and turned
   // into weights by one warp per column (merge_weights); then warp w sums columns w, w + 4 over

@@ -219,6 +219,18 @@ __device__ __forceinline__ bool named_barrier_any(int id, int threads, bool pred
   return any != 0;
 }
 
+// ---- a counter that publishes the CTA's global writes to whoever counts last
+// Adds `v` to `*counter` at GPU scope with release and acquire semantics and returns the old value.
+// Called by one thread after a barrier of the threads whose writes it publishes: the barrier orders
+// their writes before this release (cumulativity), and a barrier after it orders this acquire before
+// their later reads. One fence-like operation in one thread, where __threadfence() in every thread
+// before and after a relaxed atomicAdd was MEMBAR.SC.GPU and an L1 invalidation each, twice.
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* counter, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(v) : "memory");
+  return old;
+}
+
 // ---- register reallocation between warpgroups (the kernel has a register cap at entry)
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
