@@ -191,6 +191,21 @@ def test_chunking_does_not_change_the_cache(rng, monkeypatch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("k_mode,v_mode", [("channel", "token"), ("token", "channel")])
+def test_dequantize_in_token_slices_gives_the_same_values(rng, monkeypatch, k_mode, v_mode):
+    """dequantize works through a sequence's tokens in slices of whole groups (its temporaries
+    bounded by CHUNK_ELEMENTS: one 128K-token sequence took about 4 GB at once); one group a
+    slice, with a last slice cut short by the length, gives what one slice does."""
+    cfg = QuantConfig(bits=2, group_size=32, k_mode=k_mode, v_mode=v_mode, page_size=64)  # 300: 288 packed, 5 pages
+    k, v = make_kv(rng, 3, 300, 2, 128)
+    c = quantize(k, v, [300, 200, 65], cfg)
+    whole = dequantize(c)
+    monkeypatch.setattr(cache_mod, "CHUNK_ELEMENTS", 1)  # one sequence a step, one group a slice
+    sliced = dequantize(c)
+    for a, b in zip(whole, sliced):
+        assert torch.equal(a, b)
+
+
 def test_dequantize_selected_sequences(rng):
     cfg = QuantConfig(bits=4, group_size=32, k_mode="channel", v_mode="channel", page_size=64)
     k, v = make_kv(rng, 3, 90, 2, 64)
