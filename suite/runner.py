@@ -171,8 +171,8 @@ def check_bytes(case: Case) -> int:
     K and V from the backend's reference_kv, counted as float32 (what the dequantizing
     backends return), and one KV head's float64 attention temporaries (F64_KV_COPIES,
     F64_SCORE_COPIES). The exact reference reads the source through views: no copy. What
-    reference_kv needs while it works (foscar.dequantize's float32 temporaries: about 2.6 GB
-    more at one 128K-token sequence of 8 heads) is left to the headroom and the cache's 10%."""
+    reference_kv needs while it works (foscar.dequantize's float32 temporaries, a few hundred
+    MB: it works through a sequence in slices of CHUNK_ELEMENTS) is left to the headroom."""
     kv = 2 * case.kv_len * case.num_kv_heads * case.head_dim * 4
     rows = case.num_q_heads // case.num_kv_heads
     head = 8 * case.kv_len * (F64_KV_COPIES * case.head_dim + F64_SCORE_COPIES * rows)
