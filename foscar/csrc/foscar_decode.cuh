@@ -72,7 +72,7 @@ enum TimelinePhase : int {
   kTlFirstS,     // the consumers passed the first stage's full barrier and hold the first S (SStream::first)
   kTlLastTrip,   // the consumers ended the last trip (before the BF16 tail and the item's finish)
   kTlFolded,     // the item's finish: V's fold closed and each warp's (m, l) in shared memory
-  kTlStored,     // the item's finish: the partials (or the output) stored, before the fence
+  kTlStored,     // the item's finish: the partials (or the output) stored, before the barrier and the count
   kTlWritten,    // the split's partials written, before the merge counter's atomic (the output, with one split)
   kTlCounted,    // the merge counter's atomic returned (every split's CTA)
   kTlMergeFenced,    // the merge: past the barrier after the count, before the (m, l) loads (the CTA whose split arrived last only)
@@ -1073,9 +1073,6 @@ struct SStream {
   }
 };
 
-// Channel c of the first COLS columns (those below cols) summed over the splits with their
-// weights, the partials of UNROLL splits loaded at once: the merge waits on L2, and at batch 1
-// the last CTA of a KV head merges 49 splits while the rest of the GPU has finished.
 // The merge's weights: wgt[hd n + i] = exp2(m - max) / denominator of column hd's partial i (0 for
 // a partial with no token), where row(hd, i) is that partial's row of (m, l) pairs in p.ws_ml.
 // Lane l of warp w holds the pairs of splits l, l + 32, .. of columns w, w + 4 (at most 128

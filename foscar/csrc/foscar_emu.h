@@ -193,9 +193,8 @@ inline int min(int a, int b) { return std::min(a, b); }
 inline int max(int a, int b) { return std::max(a, b); }
 
 inline void __syncthreads() { ::foscar_emu::tls().cta->bar.arrive_and_wait(); }
-// CTAs run one after another here, or a few at once (foscar_emu.cpp): the fences and atomics are real.
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline int atomicAdd(int* address, int value) { return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST); }
+// CTAs run one after another here, or a few at once (foscar_emu.cpp): the split counter's atomic
+// is real, with the ordering it has on the GPU (foscar_hopper.cuh).
 namespace foscar {
 inline int atomic_add_acq_rel_gpu(int* counter, int v) { return __atomic_fetch_add(counter, v, __ATOMIC_ACQ_REL); }
 }  // namespace foscar
