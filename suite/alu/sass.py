@@ -247,6 +247,52 @@ def body(func: Function, loop: Loop | None) -> list[Instruction]:
     return [i for i in func.instructions if loop.start <= i.addr <= loop.end]
 
 
+def _successors(func: Function) -> list[list[int]]:
+    """Each instruction's successors (indices) in the control flow: the next instruction unless
+    it is an unconditional branch or exit, and a branch's target. An indirect branch (BRX, JMX)
+    is given only its fall-through: the loops here have none."""
+    index = {ins.addr: k for k, ins in enumerate(func.instructions)}
+    succ: list[list[int]] = []
+    for k, ins in enumerate(func.instructions):
+        conditional = ins.predicate not in (None, "@PT") or "." in ins.mnemonic  # BRA.DIV, ...
+        out = []
+        if ins.opcode in ("BRA", "JMP") and ins.target is not None:
+            if ins.target in index:
+                out.append(index[ins.target])
+            if conditional and k + 1 < len(func.instructions):
+                out.append(k + 1)
+        elif ins.opcode in ("EXIT", "RET") and not conditional:
+            pass
+        elif k + 1 < len(func.instructions):
+            out.append(k + 1)
+        succ.append(out)
+    return succ
+
+
+def cfg_body(func: Function, loop: Loop) -> list[Instruction]:
+    """The loop's instructions by control flow, not by address: those from which a backward
+    branch to the header is reached without passing the header (the natural loop). ptxas may lay
+    other code (another warp role's, say) inside a loop's address range; it is left out here."""
+    succ = _successors(func)
+    pred: list[list[int]] = [[] for _ in succ]
+    for k, out in enumerate(succ):
+        for j in out:
+            pred[j].append(k)
+    index = {ins.addr: k for k, ins in enumerate(func.instructions)}
+    header = index[loop.start]
+    tails = [k for k, ins in enumerate(func.instructions)
+             if ins.target == loop.start and ins.addr >= loop.start and header in succ[k]]
+    seen = {header}
+    stack = [t for t in tails if t not in seen]
+    seen.update(stack)
+    while stack:
+        for j in pred[stack.pop()]:
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return [func.instructions[k] for k in sorted(seen)]
+
+
 def own_body(func: Function, loop: Loop, loops: Sequence[Loop]) -> list[Instruction]:
     """The loop's instructions outside every loop nested inside it."""
     inner = [lp for lp in loops if loop.contains(lp)]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from suite.alu import sass
-from suite.alu.sass import Loop, SassError, analyze_function, find_loops, main_loop, parse_sass, static_alu
+from suite.alu.sass import (Loop, SassError, analyze_function, cfg_body, find_loops, main_loop, parse_sass,
+                            static_alu)
 
 DATA = Path(__file__).parent / "data"
 
@@ -201,3 +202,32 @@ def test_local_memory_is_counted_in_the_loop_and_in_the_kernel():
     assert res.loop == (0x20, 0x70)
     assert (res.local_in_body, res.local_in_kernel) == (1, 5)
     assert analyze_function(f, scope="kernel").local_in_body == 5
+
+
+INTERLEAVED_ROLES = """
+	code for sm_90a
+		Function : interleaved_demo
+        /*0000*/                    ISETP.NE.AND P0, PT, R0, RZ, PT ;
+        /*0010*/                @P0 BRA 0x50 ;
+        /*0020*/                    UIADD3 UR4, UR4, 0x1, URZ ;
+        /*0030*/                    UBLKCP.S.G [UR8], [UR10], UR12 ;
+        /*0040*/                    BRA 0x80 ;
+        /*0050*/                    MUFU.EX2 R2, R3 ;
+        /*0060*/                    FADD R4, R4, R2 ;
+        /*0070*/                    EXIT ;
+        /*0080*/                    BRA.DIV UR5, 0xb0 ;
+        /*0090*/                @P1 BRA 0x20 ;
+        /*00a0*/                    EXIT ;
+        /*00b0*/                    UMOV UR6, 0x1 ;
+        /*00c0*/                    BRA 0x90 ;
+"""
+
+
+def test_a_loop_body_by_control_flow_leaves_out_code_laid_inside_its_range():
+    # ptxas may place another warp role's blocks between a loop's header and its back-edge (here
+    # 0x50-0x70, reached only from the entry), and a block of the loop after it (the divergent
+    # path at 0xb0): the body by control flow is the loop's own instructions wherever they lie.
+    (f,) = parse_sass(INTERLEAVED_ROLES)
+    loop = Loop(0x20, 0x90)
+    assert loop in find_loops(f)
+    assert [i.addr for i in cfg_body(f, loop)] == [0x20, 0x30, 0x40, 0x80, 0x90, 0xB0, 0xC0]
