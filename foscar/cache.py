@@ -380,13 +380,13 @@ def _dequantize_chunk(cache, seqs, out_k, out_v, dtype) -> None:
         (v_codes, v_params, cfg.v_mode, cache.v_tail, out_v),
     ):
         for t0 in range(0, span, piece):
-            t1 = min(span, t0 + piece)
+            t1 = min(t0 + piece, codes.shape[1])  # whole groups: the codes hold whole pages
             # token-wise params are per token; channel-wise per group of tokens
-            p = params[:, t0:t1] if mode == "token" else params[:, t0 // group : -(-t1 // group)]
-            x = _dequantize_codes(codes[:, t0 : t0 + (t1 - t0 if mode == "token" else p.shape[1] * group)], p, mode,
-                                  group, dtype)[:, : t1 - t0]
+            p = params[:, t0:t1] if mode == "token" else params[:, t0 // group : t1 // group]
+            x = _dequantize_codes(codes[:, t0:t1], p, mode, group, dtype)
+            end = min(t1, span)
             # Padding entries of the page table point at page 0, which belongs to someone else.
-            out[:, t0:t1] = x.masked_fill(~valid[:, t0:t1, None, None], 0)
+            out[:, t0:end] = x[:, : end - t0].masked_fill(~valid[:, t0:end, None, None], 0)
         rows_tail = tail[seqs].permute(0, 2, 1, 3)
         out[tail_seq[tail_valid], tail_tok[tail_valid]] = rows_tail[tail_valid].to(dtype)
 

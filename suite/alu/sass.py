@@ -278,10 +278,8 @@ def cfg_body(func: Function, loop: Loop) -> list[Instruction]:
     for k, out in enumerate(succ):
         for j in out:
             pred[j].append(k)
-    index = {ins.addr: k for k, ins in enumerate(func.instructions)}
-    header = index[loop.start]
-    tails = [k for k, ins in enumerate(func.instructions)
-             if ins.target == loop.start and ins.addr >= loop.start and header in succ[k]]
+    header = next(k for k, ins in enumerate(func.instructions) if ins.addr == loop.start)
+    tails = [k for k, ins in enumerate(func.instructions) if ins.target == loop.start and ins.addr > loop.start]
     seen = {header}
     stack = [t for t in tails if t not in seen]
     seen.update(stack)

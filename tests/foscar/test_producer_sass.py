@@ -23,9 +23,9 @@ def stage_loops(listing: str) -> list[list[sass.Instruction]]:
     merge inside the address range of a producer loop (v39's merge put 20 more non-uniform
     instructions there, none of them the producer's)."""
     func = sass.parse_sass(listing)[0]
-    loops = [lp for lp in sass.find_loops(func)
-             if sum(i.opcode == "UBLKCP" for i in sass.cfg_body(func, lp)) == COPIES]
-    return [sass.cfg_body(func, lp) for lp in loops if not any(lp.contains(other) for other in loops)]
+    bodies = {lp: sass.cfg_body(func, lp) for lp in sass.find_loops(func)}
+    loops = [lp for lp, b in bodies.items() if sum(i.opcode == "UBLKCP" for i in b) == COPIES]
+    return [bodies[lp] for lp in loops if not any(lp.contains(other) for other in loops)]
 
 
 @pytest.fixture
