@@ -16,7 +16,7 @@ interpolated, bytes from core.bytes_model. So "passed", p10 and TB/s mean here w
 mean in the sweep and in docs/PERFORMANCE.md. A variant that fails the check is not timed.
 `--rounds N` lets the variants take turns N times (clock drift then hits all alike).
 `--splits 8,16,32` times each variant with those split counts forced (NAME/s8, ...) instead of
-the launch plan's.
+the launch plan's; `plan` in the list adds the plan's own launch beside them (`--splits plan,16,32`).
 `--instances planner,own` times each variant as the planner launches it (NAME) and with every
 kernel kept to its own instance (NAME/own: what a library without second instances, such as
 v31's, runs), so that one library answers whether its second instances pay.
@@ -50,6 +50,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 MODES = {"t": "token", "c": "channel"}
 ARCH = "sm_90a"
+
+
+def parse_splits(spec: str | None) -> list[int | None]:
+    """--splits "plan,16,32" -> [None, 16, 32]: None is the planner's own launch."""
+    if not spec:
+        return [None]
+    try:
+        splits = [None if n.strip() == "plan" else int(n) for n in spec.split(",")]
+    except ValueError:
+        raise SystemExit(f"--splits {spec!r}: expected a comma list of integers or 'plan', e.g. plan,8,16,32") from None
+    if any(n is not None and n < 1 for n in splits):
+        raise SystemExit(f"--splits {spec!r}: split counts must be >= 1")
+    return splits
 
 
 def parse_prebuilt(specs: list[str]) -> dict[str, str]:
@@ -307,7 +320,8 @@ def main() -> int:
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--splits", default=None,
-                    help="comma list of split counts to force (each a variant of its own, NAME/sN); default: the plan's")
+                    help="comma list of split counts to force (each a variant of its own, NAME/sN), 'plan' for the "
+                         "planner's own launch among them; default: the plan's")
     ap.add_argument("--instances", default="planner",
                     help="planner (the planner's choice of a kernel's instance), own (its own instance only, "
                          "NAME/own), or both: planner,own")
@@ -335,12 +349,7 @@ def main() -> int:
     if args.timeline:
         variants, prebuilt = timelined(variants, prebuilt, args.timeline)
     specs = args.configs.split(",")
-    try:
-        splits = [None] if not args.splits else [int(n) for n in args.splits.split(",")]
-    except ValueError:
-        raise SystemExit(f"--splits {args.splits!r}: expected a comma list of integers, e.g. 8,16,32") from None
-    if any(n is not None and n < 1 for n in splits):
-        raise SystemExit(f"--splits {args.splits!r}: split counts must be >= 1")
+    splits = parse_splits(args.splits)
     heads = parse_heads(args.heads_per_item)
     instances = parse_instances(args.instances)
     cases = {spec: make_case(args, spec) for spec in specs}  # a bad config fails before any build

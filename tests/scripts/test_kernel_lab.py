@@ -20,6 +20,11 @@ def test_command_line(lab):
     with pytest.raises(SystemExit, match="4ct"):
         lab.parse_config("8xx")
     assert lab.parse_heads(None) == [None] and lab.parse_heads("1,2") == [1, 2]
+    assert lab.parse_splits(None) == [None] and lab.parse_splits("plan,16,32") == [None, 16, 32]
+    with pytest.raises(SystemExit, match="'plan'"):
+        lab.parse_splits("plan,x")
+    with pytest.raises(SystemExit, match=">= 1"):
+        lab.parse_splits("0")
     with pytest.raises(SystemExit, match="1 or 2"):
         lab.parse_heads("4")
     args = lab.argparse.Namespace(batch=2, kv_len=300, q_heads=32, kv_heads=8, group=128, page=128)
