@@ -187,12 +187,6 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PAIR_STAGES_INT2
 #define FOSCAR_PAIR_STAGES_INT2 6
 #endif
-// Lab: the split merge's partials summed in predicated batches of 8 splits (docs/PERFORMANCE.md,
-// the next calls: 43 splits then take 6 batches in flight instead of 5 and 3 serial loads).
-#ifndef FOSCAR_MERGE_BATCHED
-#define FOSCAR_MERGE_BATCHED 0
-#endif
-
 // A kernel's shape: everything but its occupancy (DecodeTraits adds that, from the shared memory
 // this shape takes).
 template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
@@ -1150,29 +1144,12 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   for (int hd = L.warp; hd < p.cols; hd += 4) {
     const float4* src = reinterpret_cast<const float4*>(p.ws_o + (row0 + (size_t)hd * S) * kD + ch);
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#if FOSCAR_MERGE_BATCHED
-    // Lab: batches of 8 splits, each load predicated, so that a last batch short of 8 still has
-    // its loads in flight at once (the unrolled loop's remainder below runs them one by one).
-    for (int s0 = 0; s0 < S; s0 += 8) {
-      float4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-        v[u] = s0 + u < S ? __ldcg(src + (size_t)(s0 + u) * (kD / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const float wv = s0 + u < S ? wgt[hd * S + s0 + u] : 0.f;
-        acc.x = fmaf(wv, v[u].x, acc.x), acc.y = fmaf(wv, v[u].y, acc.y), acc.z = fmaf(wv, v[u].z, acc.z),
-        acc.w = fmaf(wv, v[u].w, acc.w);
-      }
-    }
-#else
 #pragma unroll 8
     for (int sp = 0; sp < S; ++sp) {
       const float4 v = __ldcg(src + (size_t)sp * (kD / 4));
       const float wv = wgt[hd * S + sp];
       acc.x = fmaf(wv, v.x, acc.x), acc.y = fmaf(wv, v.y, acc.y), acc.z = fmaf(wv, v.z, acc.z), acc.w = fmaf(wv, v.w, acc.w);
     }
-#endif
     *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
         make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
   }

@@ -237,18 +237,17 @@ def test_build_knobs_compute_the_same_function(knobs):
         assert err <= TOLERANCE, f"seed={seed} bits={bits} knobs={knobs}: {err:.2e}"
 
 
-@pytest.mark.parametrize("knobs", [(), ("-DFOSCAR_MERGE_BATCHED=1",)])
-def test_paired_merge_covers_every_column_and_split_count(knobs):
+def test_paired_merge_covers_every_column_and_split_count():
     # Paired items merge as the one-head kernels merge theirs ((m, l) pairs in registers, warp w
     # for columns w and w + 4 as float4), here over the 8 columns of two KV heads: a column left
-    # out, or a split count that is not a multiple of the unroll (or, in the lab's batched merge,
-    # of its batch of 8: 14 one-chunk splits are a batch of 8 and one of 6), shows as an error.
+    # out, or a split count that is not a multiple of the unroll (14 one-chunk splits are a
+    # batch of 8 and a remainder of 6), shows as an error.
     for bits in (4, 2):
         seed, config, _, _, ratio = _case(bits, 128, "channel", "token", batch=2, ratio=4)
         lens = [899, 650]  # 14 and 10 chunks
         q, cache = _data(config, lens, 2, ratio, seed)
         for splits in (2, 5, 14):
-            err = _error(q, cache, lens, defines=knobs, kv_heads_per_item=2, num_splits=splits)
+            err = _error(q, cache, lens, kv_heads_per_item=2, num_splits=splits)
             assert err <= TOLERANCE, f"seed={seed} bits={bits} splits={splits}: {err:.2e}"
 
 
