@@ -121,3 +121,28 @@ def test_timeline_table(lab):
     assert t["merges"] == {"n": 1, "median_us": 3.0, "max_us": 3.0, "each": [[0, 3.0]]}
     lab.print_timeline({"config": "4ct", "variant": "tl", "num_splits": 2, "chunks_per_split": 1, **t, "cold": t},
                        rows=True)
+
+
+def test_rotation_copies_hold_the_reuse_distance(lab):
+    # The timeline's "rotated" state launches on these copies before the stamped launch, as the
+    # harness rotates its inputs: together they must hold the bytes asked (4x L2), each its own
+    # storage (a shared tensor would stay in L2) with the original's values.
+    import torch
+
+    from foscar.cache import quantize
+    from foscar.config import QuantConfig
+
+    config = QuantConfig(bits=2, group_size=128, k_mode="channel", v_mode="token")
+    k = torch.randn(1, 300, 2, 128, dtype=torch.bfloat16)
+    cache = quantize(k, -k, [300], config)
+    each = sum(t.numel() * t.element_size() for t in (cache.k_codes, cache.v_codes, cache.k_params,
+                                                       cache.v_params, cache.k_tail, cache.v_tail))
+    copies = lab.rotation_copies(cache, 5 * each - 1)
+    assert len(copies) == 5
+    for c in copies:
+        for name in ("k_codes", "v_codes", "k_params", "v_params", "k_tail", "v_tail"):
+            a, b = getattr(cache, name), getattr(c, name)
+            assert torch.equal(a, b) and a.data_ptr() != b.data_ptr(), name
+        assert c.page_table is cache.page_table
+    assert len(lab.rotation_copies(cache, 10 ** 12, most=7)) == 7
+    assert len(lab.rotation_copies(cache, 1)) == 1
