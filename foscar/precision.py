@@ -24,8 +24,9 @@ accumulator between two flushes (`chains`).
 
 The last section models the one K-side choice that moves the error: where channel-wise K's
 offsets enter the scores beside its rounded integer Q~ (`channel_k_scores`, v27). The section
-after it asks what P~ as unsigned 8-bit integers (int8 Tensor Cores for PV) would cost beside
-today's fp16 operand (`pv_operand_output`, `PV_OPERAND_FORMS`, `u8_run_headroom`).
+after it asks what P~ as unsigned 8-bit integers, or 16 bits in two such parts (int8 Tensor
+Cores for PV), would cost beside today's fp16 operand (`pv_operand_output`, `PV_OPERAND_FORMS`,
+`u8_run_headroom`).
 """
 from __future__ import annotations
 
@@ -536,10 +537,10 @@ def channel_k_score_error(bits: int, form: str, *, channel_offset: float = 0.0, 
 # so every form errs only by the rounding of a; the denominator l = sum p is exact (fp32 p in the
 # kernels). p = exp(score - m) with m the running maximum up to the current step, as an online
 # softmax forms it; everything past the operand's rounding is exact (float64).
-PV_OPERAND_FORMS = ("fp16", "u8-chunk", "u16-chunk", "u8-run", "e4m3")
+PV_OPERAND_FORMS = ("fp16", "u8-chunk", "u16-chunk", "u8-run", "u16-run", "e4m3")
 PV_DATA = ("gauss", "peaked")
 U8_MAX = 255
-U16_MAX = 65535  # u16-chunk: P~ = 256 hi + lo, both parts u8
+U16_MAX = 65535  # u16-chunk, u16-run: P~ = 256 hi + lo, both parts u8 (each its own int32 sum)
 INT32_MAX = (1 << 31) - 1
 # The largest radix factor a code is read at in its byte: INT2 64 (64 c <= 192), INT4 16 (<= 240).
 U8_TOP_FACTOR = {2: 64, 4: 16}
@@ -658,19 +659,21 @@ def pv_operand_output(scores: np.ndarray, codes: np.ndarray, scale: np.ndarray, 
         w = e4m3(a)
     else:
         peak = a.reshape(heads, steps, TILE).max(axis=2)  # [h, steps]
-        top = U16_MAX if form == "u16-chunk" else U8_MAX
+        top = U16_MAX if form.startswith("u16") else U8_MAX
         if form in ("u8-chunk", "u16-chunk"):
             e_step = u8_exponent(peak, top)
             starts = [np.arange(steps)] * heads
         else:
-            e_step, starts, overflows = _u8_runs(peak, m, v_mode, group)
+            e_step, starts, overflows = _u8_runs(peak, m, v_mode, group, top)
         scaled = np.ldexp(1.0, np.repeat(e_step, TILE, axis=1).astype(np.int64))
         p_int = np.rint(a * scaled)  # P~, integers in [0, 255]
         assert p_int.max() <= top
         w = p_int / scaled
         f = U8_TOP_FACTOR[bits] if factor is None else factor
-        # The int32 accumulators, exact: sum over a run of P~ f c, through each step's sum.
-        step_acc = np.einsum("hst,std->hsd", p_int.reshape(heads, steps, TILE), codes.reshape(steps, TILE, dim))
+        # The int32 accumulators, exact: sum over a run of P~ f c, through each step's sum (the
+        # u16 forms: of the high part, floor(P~ / 256), the larger of their two sums).
+        parts = np.floor(p_int / 256) if top == U16_MAX else p_int
+        step_acc = np.einsum("hst,std->hsd", parts.reshape(heads, steps, TILE), codes.reshape(steps, TILE, dim))
         for h in range(heads):
             acc = np.add.reduceat(step_acc[h], starts[h], axis=0)  # [runs, d]
             max_acc = max(max_acc, float(f * acc.max()))
@@ -691,9 +694,11 @@ def pv_operand_output(scores: np.ndarray, codes: np.ndarray, scale: np.ndarray, 
     return PVOperandResult(form, o / l, ref, runs=runs, overflows=overflows, longest_run=longest, max_acc=max_acc)
 
 
-def _u8_runs(peak: np.ndarray, m: np.ndarray, v_mode: str, group: int) -> tuple[np.ndarray, list[np.ndarray], int]:
-    """u8-run's plan per query column: (E per step [h, steps], first step of each run, overflows).
-    peak [h, steps] is each step's largest operand value against the running maximum m."""
+def _u8_runs(peak: np.ndarray, m: np.ndarray, v_mode: str, group: int,
+             top: int = U8_MAX) -> tuple[np.ndarray, list[np.ndarray], int]:
+    """u8-run's (top 255) or u16-run's (top 65535) plan per query column: (E per step [h, steps],
+    first step of each run, overflows). peak [h, steps] is each step's largest operand value
+    against the running maximum m."""
     heads, steps = peak.shape
     e_step = np.zeros_like(peak)
     starts, overflows = [], 0
@@ -707,9 +712,9 @@ def _u8_runs(peak: np.ndarray, m: np.ndarray, v_mode: str, group: int) -> tuple[
         next_forced = np.append(nxt, steps)[np.searchsorted(nxt, np.arange(steps), side="right")]
         first, i = [], 0
         while i < steps:
-            e = u8_exponent(peak[h, i])
+            e = u8_exponent(peak[h, i], top)
             end = next_forced[i]
-            over = np.flatnonzero(np.ldexp(peak[h, i + 1 : end], int(e)) > U8_MAX)
+            over = np.flatnonzero(np.ldexp(peak[h, i + 1 : end], int(e)) > top)
             j = i + 1 + over[0] if over.size else end
             overflows += bool(over.size)
             e_step[h, i:j] = e
