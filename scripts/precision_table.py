@@ -10,7 +10,7 @@ heads of sequence 0 (the H200 run covers all 8): a quarter of the work, the same
     PYTHONPATH=. python3 scripts/precision_table.py --pv-u8 [--lengths 1024 32768 131072]
 
 prints instead the error of PV's probability operand in each form of precision.PV_OPERAND_FORMS
-(fp16, unsigned 8-bit integers with E per step or per run, e4m3) against float64 attention, per
+(fp16, unsigned 8-bit integers or 16 bits in two such parts, with E per step or per run, e4m3) against float64 attention, per
 width, V mode, data (Gaussian, peaked) and context, and the u8-run int32 accumulators' headroom.
 
     PYTHONPATH=. python3 scripts/precision_table.py --pv-chains [--lengths 32768 131072]
