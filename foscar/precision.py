@@ -556,7 +556,7 @@ class PVOperandResult:
     runs: int = 0  # int32 accumulators that leave (u8 forms; all query columns together)
     overflows: int = 0  # u8-run: runs started because a step would pass 255
     longest_run: int = 0  # u8 forms: the most tokens one accumulator sums
-    max_acc: float = 0.0  # u8 forms: the largest accumulator, every code at the top radix factor
+    max_acc: float = 0.0  # u8 and u16 forms: the largest int32 sum (u16: of either part), every code at the top radix factor
 
     @property
     def error(self) -> float:
@@ -670,13 +670,15 @@ def pv_operand_output(scores: np.ndarray, codes: np.ndarray, scale: np.ndarray, 
         assert p_int.max() <= top
         w = p_int / scaled
         f = U8_TOP_FACTOR[bits] if factor is None else factor
-        # The int32 accumulators, exact: sum over a run of P~ f c, through each step's sum (the
-        # u16 forms: of the high part, floor(P~ / 256), the larger of their two sums).
-        parts = np.floor(p_int / 256) if top == U16_MAX else p_int
-        step_acc = np.einsum("hst,std->hsd", parts.reshape(heads, steps, TILE), codes.reshape(steps, TILE, dim))
+        # The int32 accumulators, exact: sum over a run of P~ f c, through each step's sum; the
+        # u16 forms sum each u8 part, hi = floor(P~ / 256) and lo = P~ - 256 hi, on its own.
+        parts = [np.floor(p_int / 256), np.mod(p_int, 256)] if top == U16_MAX else [p_int]
+        for part in parts:
+            step_acc = np.einsum("hst,std->hsd", part.reshape(heads, steps, TILE), codes.reshape(steps, TILE, dim))
+            for h in range(heads):
+                acc = np.add.reduceat(step_acc[h], starts[h], axis=0)  # [runs, d]
+                max_acc = max(max_acc, float(f * acc.max()))
         for h in range(heads):
-            acc = np.add.reduceat(step_acc[h], starts[h], axis=0)  # [runs, d]
-            max_acc = max(max_acc, float(f * acc.max()))
             runs += len(starts[h])
             longest = max(longest, TILE * int(np.diff(np.append(starts[h], steps)).max()))
     # Back to the final maximum (exact here, fp32 in the kernels) and through the fold.
