@@ -44,6 +44,22 @@ MERGE_CHUNKS_PER_SPLIT = 0.09
 # from 8 chunks a split (batch 1 from 32K, batches 2-5 at 8K and 32K) and 1-7 % slower with 1-6
 # (batch 1 at 2K-16K, batch 2 at 2K; docs/PERFORMANCE.md, nineteenth session).
 ALT_MIN_CHUNKS = 8
+# The widths whose kernels may take their second instance, by GPU: the first entry whose name is a
+# substring of the device's name, else both. On an H100 SXM, INT4's four-CTA instance ran 1-5 %
+# slower than its own three-CTA one wherever the planner took it (batch 1 at 32K-128K, batches 2
+# and 4 at 32K, batch 4 at 128K) while INT2's ran 1.5-7 % faster; on the H200 both gained (v37)
+# (docs/PERFORMANCE.md, twenty-fifth session). The H200's greater bandwidth wants more bytes in
+# flight than the H100's.
+SECOND_INSTANCE_WIDTHS: tuple[tuple[str, tuple[int, ...]], ...] = (("H100 80GB HBM3", (2,)),)
+
+
+def second_instance_widths(gpu_name: str | None) -> tuple[int, ...]:
+    """The code widths whose kernels may run their second instance on the GPU named `gpu_name`
+    (torch.cuda.get_device_properties(...).name; None or unknown: both)."""
+    for needle, widths in SECOND_INSTANCE_WIDTHS:
+        if gpu_name and needle.lower() in gpu_name.lower():
+            return widths
+    return (2, 4)
 VARIANTS = ("fold", "dequant")
 # Lab knob FOSCAR_TIMELINE (foscar_decode.cuh, TimelinePhase): per CTA and each of its first
 # TIMELINE_ITEMS items, one %globaltimer stamp (ns) per phase, in this order; 0 where not reached.
@@ -269,15 +285,17 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     CTA of decode_plan(...).num_ctas (scripts/kernel_lab.py --timeline).
     `second_instance=False` launches the kernel's own instance wherever the planner would take its
     second (resolve_plan): what a library without second instances runs, from the same library
-    (scripts/kernel_lab.py --instances).
+    (scripts/kernel_lab.py --instances). The planner takes a second instance only for the widths
+    second_instance_widths gives the GPU.
     """
     _check_inputs(q, cache, out, variant)
     lib = library or load_library()
     out = torch.empty_like(q) if out is None else out
-    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    props = torch.cuda.get_device_properties(q.device)
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    second_instance = second_instance and cache.config.bits in second_instance_widths(props.name)
     args = launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
-                       num_sms=num_sms, ctas_per_sm=lib.foscar_ctas_per_sm,
+                       num_sms=props.multi_processor_count, ctas_per_sm=lib.foscar_ctas_per_sm,
                        alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt, second_instance=second_instance,
                        max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                        kv_heads_per_item=kv_heads_per_item,
@@ -294,10 +312,11 @@ def decode_plan(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str = "fol
                 second_instance: bool = True) -> LaunchPlan:
     """The plan decode() launches with the same arguments (its num_ctas sizes a timeline)."""
     lib = library or load_library()
+    props = torch.cuda.get_device_properties(q.device)
     return resolve_plan(cache, q.shape[1], variant=variant, num_splits=num_splits,
-                        num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count,
+                        num_sms=props.multi_processor_count,
                         ctas_per_sm=lib.foscar_ctas_per_sm, alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt,
-                        second_instance=second_instance,
+                        second_instance=second_instance and cache.config.bits in second_instance_widths(props.name),
                         max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                         kv_heads_per_item=kv_heads_per_item)[1]
 
