@@ -60,6 +60,8 @@ def second_instance_widths(gpu_name: str | None) -> tuple[int, ...]:
         if gpu_name and needle.lower() in gpu_name.lower():
             return widths
     return (2, 4)
+
+
 VARIANTS = ("fold", "dequant")
 # Lab knob FOSCAR_TIMELINE (foscar_decode.cuh, TimelinePhase): per CTA and each of its first
 # TIMELINE_ITEMS items, one %globaltimer stamp (ns) per phase, in this order; 0 where not reached.
@@ -293,10 +295,10 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
     out = torch.empty_like(q) if out is None else out
     props = torch.cuda.get_device_properties(q.device)
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    second_instance = second_instance and cache.config.bits in second_instance_widths(props.name)
     args = launch_args(q, cache, out, sm_scale=sm_scale, variant=variant, num_splits=num_splits,
                        num_sms=props.multi_processor_count, ctas_per_sm=lib.foscar_ctas_per_sm,
                        alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt, second_instance=second_instance,
+                       gpu_name=props.name,
                        max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                        kv_heads_per_item=kv_heads_per_item,
                        workspace=lambda *sizes: _workspace(q.device, *sizes), device=device, timeline=timeline)
@@ -316,7 +318,7 @@ def decode_plan(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str = "fol
     return resolve_plan(cache, q.shape[1], variant=variant, num_splits=num_splits,
                         num_sms=props.multi_processor_count,
                         ctas_per_sm=lib.foscar_ctas_per_sm, alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt,
-                        second_instance=second_instance and cache.config.bits in second_instance_widths(props.name),
+                        second_instance=second_instance, gpu_name=props.name,
                         max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
                         kv_heads_per_item=kv_heads_per_item)[1]
 
@@ -335,17 +337,19 @@ def kernel_instance(cfg: QuantConfig, variant: str) -> tuple[int, int, int, int,
 def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num_splits: int | None, num_sms: int,
                  ctas_per_sm: int | Callable[..., int], max_kv_heads_per_item: int = 1,
                  kv_heads_per_item: int | None = None,
-                 alt_ctas_per_sm: int | Callable[..., int] = 0, second_instance: bool = True) -> tuple[int, LaunchPlan]:
+                 alt_ctas_per_sm: int | Callable[..., int] = 0, second_instance: bool = True,
+                 gpu_name: str | None = None) -> tuple[int, LaunchPlan]:
     """The KV heads per item and the plan of one launch: the planner's, or its chunks over a
     forced `num_splits`. `ctas_per_sm` and `alt_ctas_per_sm` as in launch_args: where the kernel
     has a second instance and its plan's splits are at least ALT_MIN_CHUNKS long, the plan is
-    that instance's (its `ctas_per_sm` field says which), unless `second_instance` is False."""
+    that instance's (its `ctas_per_sm` field says which), unless `second_instance` is False or
+    the GPU named `gpu_name` keeps the cache's width off it (second_instance_widths)."""
     if not isinstance(second_instance, bool):
         raise ValueError(f"second_instance={second_instance!r} is not a bool; pass True (the planner may launch "
                          f"a kernel's second instance) or False (always its own).")
-    if not second_instance:
-        alt_ctas_per_sm = 0
     cfg = cache.config
+    if not second_instance or cfg.bits not in second_instance_widths(gpu_name):
+        alt_ctas_per_sm = 0
     instance = kernel_instance(cfg, variant)
     if kv_heads_per_item is None:
         kv_heads_per_item = planned_kv_heads_per_item(cache.batch, cache.num_kv_heads, max_kv_heads_per_item)
@@ -389,14 +393,15 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
                 variant: str, num_splits: int | None, num_sms: int, ctas_per_sm: int | Callable[..., int],
                 workspace, device: int = 0, max_kv_heads_per_item: int = 1,
                 kv_heads_per_item: int | None = None, timeline: torch.Tensor | None = None,
-                alt_ctas_per_sm: int | Callable[..., int] = 0, second_instance: bool = True) -> _Args:
+                alt_ctas_per_sm: int | Callable[..., int] = 0, second_instance: bool = True,
+                gpu_name: str | None = None) -> _Args:
     """The C ABI's argument struct for one decode (shared by the GPU path and foscar.emu).
 
     `ctas_per_sm` is a count, or the library's foscar_ctas_per_sm, asked for the kernel instance
     this launch runs (instances of one build may hold different numbers of CTAs per SM);
     `alt_ctas_per_sm` likewise the count of the kernel's second instance, or 0 (none), or the
-    library's foscar_ctas_per_sm_alt, and `second_instance` whether the planner may take it (see
-    resolve_plan).
+    library's foscar_ctas_per_sm_alt, and `second_instance` whether the planner may take it on
+    the GPU named `gpu_name` (see resolve_plan; None: any width may).
 
     `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the zeroed
     arrival counters; the struct holds raw pointers, so the caller keeps every tensor alive
@@ -409,7 +414,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
                                            num_sms=num_sms, ctas_per_sm=ctas_per_sm,
                                            max_kv_heads_per_item=max_kv_heads_per_item,
                                            kv_heads_per_item=kv_heads_per_item, alt_ctas_per_sm=alt_ctas_per_sm,
-                                           second_instance=second_instance)
+                                           second_instance=second_instance, gpu_name=gpu_name)
     splits, per_split, ctas = plan.num_splits, plan.chunks_per_split, plan.num_ctas
     if timeline is not None and not (isinstance(timeline, torch.Tensor) and timeline.dtype == torch.int64
                                      and timeline.device == q.device and timeline.is_contiguous()

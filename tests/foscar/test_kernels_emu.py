@@ -351,6 +351,13 @@ def test_second_instance_runs_where_splits_are_long(bits, k_mode, v_mode):
     for splits in (2, 3):
         err = _error(q, cache, lens, num_splits=splits, num_sms=1)
         assert err <= TOLERANCE, f"seed={seed} splits={splits}: {err:.2e}"
+    # The GPU's policy (kernels.SECOND_INSTANCE_WIDTHS): an H100 keeps INT4 on its own instance.
+    on_h100 = kernels.resolve_plan(cache, q.shape[1], num_splits=2, gpu_name="NVIDIA H100 80GB HBM3", **common)[1]
+    assert on_h100.ctas_per_sm == (4 if bits == 2 else 0)
+    assert kernels.resolve_plan(cache, q.shape[1], num_splits=2, gpu_name="NVIDIA H200", **common)[1].ctas_per_sm == 4
+    with pytest.raises(ValueError, match="second_instance='no' is not a bool"):
+        kernels.resolve_plan(cache, q.shape[1], num_splits=2, gpu_name="NVIDIA H100 80GB HBM3",
+                             second_instance="no", **common)
     # second_instance=False: the same 2 splits on the kernel's own instance (kernel_lab --instances own)
     own = kernels.resolve_plan(cache, q.shape[1], num_splits=2, **{**common, "alt_ctas_per_sm": 0})[1]
     assert (own.num_splits, own.chunks_per_split, own.ctas_per_sm) == (long.num_splits, long.chunks_per_split, 0)
