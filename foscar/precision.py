@@ -666,7 +666,7 @@ def pv_operand_output(scores: np.ndarray, codes: np.ndarray, scale: np.ndarray, 
         else:
             e_step, starts, overflows = _u8_runs(peak, m, v_mode, group, top)
         scaled = np.ldexp(1.0, np.repeat(e_step, TILE, axis=1).astype(np.int64))
-        p_int = np.rint(a * scaled)  # P~, integers in [0, 255]
+        p_int = np.rint(a * scaled)  # P~, integers in [0, top]
         assert p_int.max() <= top
         w = p_int / scaled
         f = U8_TOP_FACTOR[bits] if factor is None else factor

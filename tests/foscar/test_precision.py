@@ -210,7 +210,6 @@ def test_an_unknown_k_bias_form_is_one_clear_error():
 PV_LEN = 4096
 PV_CASES = [(bits, v_mode) for bits in (4, 2) for v_mode in ("token", "channel")]
 PV_IDS = [f"int{b}-v{m[0]}" for b, m in PV_CASES]
-PV_DATA_CASES = ("gauss", "peaked")
 # A u8 part times a code at the top radix factor, per token: what one token adds to an int32 sum.
 U8_PART_BOUND = {bits: 255 * ((1 << bits) - 1) * precision.U8_TOP_FACTOR[bits] for bits in (2, 4)}
 
@@ -279,7 +278,7 @@ def test_16_bits_per_run_hold_where_8_bits_per_run_fail(case):
     # at the top radix factor, stays inside int32 here (4K tokens); the low part does not shrink
     # with p, so at 128K it reaches 58 % of int32 and a kernel must end a run every
     # u8_run_headroom(bits) tokens (43.9K INT2, 35.1K INT4).
-    for data in PV_DATA_CASES:
+    for data in precision.PV_DATA:
         res = _pv(*case, data)
         run, fp16 = res["u16-run"], res["fp16"]
         assert run.error < 1.5 * fp16.error and run.error < res["u8-run"].error / 10, \
