@@ -157,9 +157,12 @@ class GraphAppender:
         self.page_plan = plan.to(device)
         page_table = table.to(device)
         seq_lens, tail_lens = first.seq_lens, first.tail_lens
+        emptied = set()  # clones of one cache may share one free list: take its pages once
         for c in self.caches:
             c.page_table, c.seq_lens, c.tail_lens = page_table, seq_lens, tail_lens
-            del c.free_pages[:taken]
+            if id(c.free_pages) not in emptied:
+                emptied.add(id(c.free_pages))
+                del c.free_pages[:taken]
         self.page_table, self.seq_lens, self.tail_lens = page_table, seq_lens, tail_lens
 
     # --- host bookkeeping ----------------------------------------------------------------

@@ -229,16 +229,25 @@ def build(arch: str = DEFAULT_ARCH, force: bool = False, verbose: bool = False,
         return BuildResult(so_path, objects, arch, key, True, resources)
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    # Every file is written under a name of this process's own and moved into place (atomic), so
+    # that builds of one key in several processes (a sweep's workers, the lab) never link or load
+    # each other's half-written files; the last to finish wins with identical bytes.
+    mine = f".{os.getpid()}.tmp"
+    tmp_objects = [o.with_name(o.name + mine) for o in objects]
     with ThreadPoolExecutor(max_workers=min(len(TRANSLATION_UNITS), os.cpu_count() or 1)) as pool:
         logs = list(pool.map(lambda tu: _compile(nvcc, arch, CSRC / tu[0], tu[1], defines),
-                             zip(TRANSLATION_UNITS, objects)))
-    tmp = so_path.with_suffix(".so.tmp")
-    cmd = [nvcc, *gencode(arch), "-shared", "-Xcompiler", "-fPIC", *map(str, objects), "-o", str(tmp)]
+                             zip(TRANSLATION_UNITS, tmp_objects)))
+    tmp = so_path.with_name(so_path.name + mine)
+    cmd = [nvcc, *gencode(arch), "-shared", "-Xcompiler", "-fPIC", *map(str, tmp_objects), "-o", str(tmp)]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode:
         raise BuildError(f"linking libfoscar.so failed:\n{res.stderr[-4000:]}")
     resources = parse_ptxas("\n".join(logs))
-    meta_path.write_text(json.dumps([asdict(r) for r in resources], indent=1))
+    meta_tmp = meta_path.with_name(meta_path.name + mine)
+    meta_tmp.write_text(json.dumps([asdict(r) for r in resources], indent=1))
+    for t, o in zip(tmp_objects, objects):
+        os.replace(t, o)
+    os.replace(meta_tmp, meta_path)  # before the library: a library found has its resources
     os.replace(tmp, so_path)  # atomic: a concurrent loader never sees half a library
     if verbose:
         print("\n".join(logs), file=sys.stderr)

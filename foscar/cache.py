@@ -480,6 +480,7 @@ def append(cache: QuantizedKVCache, k_new: torch.Tensor, v_new: torch.Tensor) ->
         _store(cache, "k", phys, slot, k_new[:, None].float())
         _store(cache, "v", phys, slot, v_new[:, None].float())
         cache.seq_lens += 1
+    cache._plan_memo = None  # foscar.kernels.forget_plans: the next decode plans the grown lengths
     return cache
 
 

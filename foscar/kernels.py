@@ -214,13 +214,21 @@ def unsupported_reason(num_q_heads: int, num_kv_heads: int, head_dim: int, confi
 # Split-KV partials and per-(sequence, KV head) arrival counters, one set per device, grown
 # on demand. The counters start at zero and the kernel leaves them at zero (the last split
 # resets its counter). Decodes on one device share the set, so two launches on different
-# streams at once would race: use one stream per device.
+# streams at once would race: use one stream per device. A CUDA graph holds the addresses of
+# the set its decode was captured with, so a set outgrown is kept (_retired_workspaces), never
+# freed: a graph replayed after a larger decode still writes its own buffers.
 _workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_retired_workspaces: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
 
 def _workspace(device: torch.device, n_o: int, n_ml: int, n_count: int):
     ws = _workspaces.get(device)
     if ws is None or ws[0].numel() < n_o or ws[1].numel() < n_ml or ws[2].numel() < n_count:
+        if ws is not None:
+            _retired_workspaces.append(ws)
+            # Grown at least twofold, so that a run of growing decodes retires few sets.
+            n_o, n_ml, n_count = (max(n, 2 * old.numel()) if n > old.numel() else old.numel()
+                                  for n, old in zip((n_o, n_ml, n_count), ws))
         ws = (torch.empty(max(n_o, 1), dtype=torch.float32, device=device),
               torch.empty(max(n_ml, 1), dtype=torch.float32, device=device),
               torch.zeros(max(n_count, 1), dtype=torch.int32, device=device))
@@ -251,6 +259,21 @@ def _check_inputs(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor | 
             raise ValueError(f"cache.{name} is on {t.device} but q is on {q.device}; keep them on one GPU.")
         if not t.is_contiguous():
             raise ValueError(f"cache.{name} is not contiguous; rebuild the cache with foscar.quantize.")
+    # The kernels read these as raw pointers of one type each (docs/FORMAT.md): another dtype
+    # would be read bit for bit as the wrong numbers.
+    cfg = cache.config
+    expected = {"k_codes": torch.int32, "v_codes": torch.int32, "k_params": cfg.torch_param_dtype,
+                "v_params": cfg.torch_param_dtype, "page_table": torch.int32, "seq_lens": torch.int32,
+                "k_tail": torch.bfloat16, "v_tail": torch.bfloat16}
+    for name, dtype in expected.items():
+        t = getattr(cache, name)
+        if t.dtype != dtype:
+            raise ValueError(f"cache.{name} has dtype {t.dtype}; the kernels read {dtype}: convert it "
+                             f"(e.g. cache.{name} = cache.{name}.to({dtype})) or rebuild the cache with foscar.quantize.")
+    if cache.page_table.dim() != 2 or tuple(cache.seq_lens.shape) != (cache.batch,):
+        raise ValueError(f"cache.seq_lens has shape {tuple(cache.seq_lens.shape)} and cache.page_table "
+                         f"{tuple(cache.page_table.shape)}; expected [batch] and [batch, max_pages_per_seq] with "
+                         f"batch={cache.batch}: rebuild the cache with foscar.quantize.")
     reason = unsupported_reason(num_q_heads, cache.num_kv_heads, head_dim, cache.config, variant,
                                 q.device if on_gpu else None)
     if reason:
@@ -265,9 +288,14 @@ def _check_inputs(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor | 
 def launch_plan(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int = CTAS_PER_SM,
                 kv_heads_per_item: int = 1) -> LaunchPlan:
     """The plan decode() uses for this cache (exposed for tests and the harness)."""
-    max_packed = int(cache.packed_lens.max().item()) if cache.batch else 0
-    return plan_launch(cache.batch, cache.num_kv_heads, math.ceil(max_packed / CHUNK_TOKENS), num_sms, ctas_per_sm,
+    return plan_launch(cache.batch, cache.num_kv_heads, max_chunks(cache), num_sms, ctas_per_sm,
                        kv_heads_per_item, MAX_ITEM_CHUNKS[cache.config.bits])
+
+
+def max_chunks(cache: QuantizedKVCache) -> int:
+    """The most 64-token chunks any sequence of the cache holds in pages (reads seq_lens back)."""
+    max_packed = int(cache.packed_lens.max().item()) if cache.batch else 0
+    return math.ceil(max_packed / CHUNK_TOKENS)
 
 
 def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None = None,
@@ -304,7 +332,12 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
                        workspace=lambda *sizes: _workspace(q.device, *sizes), device=device, timeline=timeline)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     if lib.foscar_decode(ctypes.byref(args), ctypes.c_void_p(stream)) != 0:
-        _workspaces.pop(q.device, None)  # a failed launch may leave counters behind: start afresh
+        ws = _workspaces.get(q.device)
+        if ws is not None:  # a failed launch may leave counters behind (the buffers stay: graphs may hold them)
+            try:
+                ws[2].zero_()
+            except RuntimeError:  # the context itself failed: the launch's error below says why
+                pass
         raise RuntimeError(f"foscar.decode: {lib.foscar_last_error().decode()}")
     return out
 
@@ -375,15 +408,17 @@ def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_FORCED_SPLITS:
         raise ValueError(f"num_splits={num_splits!r} is not a split count; pass an int from 1 to "
                          f"{MAX_FORCED_SPLITS} (what the split merge holds), or None for the automatic plan.")
-    max_chunks = plan.num_splits * plan.chunks_per_split
-    per_split = math.ceil(max_chunks / num_splits)
-    splits = math.ceil(max_chunks / per_split)
+    # The cache's own chunk count (not the plan's splits x chunks, which rounds up): the forced
+    # count is split over what the longest sequence holds.
+    total = max(1, _memo(cache)[1])
+    per_split = math.ceil(total / num_splits)
+    splits = math.ceil(total / per_split)
     longest = MAX_ITEM_CHUNKS[cfg.bits]
     if per_split > max(longest, plan.chunks_per_split):
         raise ValueError(
             f"num_splits={num_splits} leaves {per_split} chunks ({per_split * CHUNK_TOKENS} tokens) in a split; "
             f"the {cfg.bits}-bit kernels hold the gate's accuracy up to {longest} chunks a split: pass at "
-            f"least {math.ceil(max_chunks / longest)}, or None for the automatic plan.")
+            f"least {math.ceil(total / longest)}, or None for the automatic plan.")
     chosen = alt_ctas_per_sm if alt_ctas_per_sm and per_split >= ALT_MIN_CHUNKS else 0
     ctas = min(cache.batch * (cache.num_kv_heads // kv_heads_per_item) * splits, num_sms * (chosen or ctas_per_sm))
     return kv_heads_per_item, LaunchPlan(splits, per_split, ctas, chosen)
@@ -438,17 +473,31 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     )
 
 
-def _plan_cached(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int, kv_heads_per_item: int = 1) -> LaunchPlan:
-    # The plan reads seq_lens back from the GPU once per cache object, not per step, so a
-    # decode step inside a CUDA graph capture never synchronizes. After `append` grows the
-    # cache in place the plan may be stale; the kernel's last split takes every remaining
-    # unit, so a stale plan costs balance, never correctness.
-    # One plan per (SMs, CTAs per SM, heads per item): a kernel with a second instance plans both.
-    key = (num_sms, ctas_per_sm, kv_heads_per_item)
+def _memo(cache: QuantizedKVCache) -> tuple[torch.Tensor, int, dict]:
+    # The plans read seq_lens back from the GPU once per cache object and length, not per step,
+    # so a decode step inside a CUDA graph capture never synchronizes: (seq_lens, the longest
+    # sequence's chunks, the plans by (SMs, CTAs per SM, heads per item); a kernel with a second
+    # instance plans both). foscar.append drops the memo (forget_plans), so the next decode plans
+    # the grown lengths. A graph captures its launch's plan: replayed while the cache grows in
+    # place (foscar.append_graph), the kernel's last split takes every chunk past the plan's, so
+    # a stale plan costs balance; plan before a growth that would take a split past
+    # MAX_ITEM_CHUNKS (the accuracy limit), i.e. capture again.
     memo = getattr(cache, "_plan_memo", None)
     if memo is None or memo[0] is not cache.seq_lens:
-        memo = (cache.seq_lens, {})
+        memo = (cache.seq_lens, max_chunks(cache), {})
         cache._plan_memo = memo
-    if key not in memo[1]:
-        memo[1][key] = launch_plan(cache, num_sms, ctas_per_sm, kv_heads_per_item)
-    return memo[1][key]
+    return memo
+
+
+def forget_plans(cache: QuantizedKVCache) -> None:
+    """Drops the plans memoized for `cache` (its lengths changed): the next decode plans afresh."""
+    cache._plan_memo = None
+
+
+def _plan_cached(cache: QuantizedKVCache, num_sms: int, ctas_per_sm: int, kv_heads_per_item: int = 1) -> LaunchPlan:
+    _, chunks, plans = _memo(cache)
+    key = (num_sms, ctas_per_sm, kv_heads_per_item)
+    if key not in plans:
+        plans[key] = plan_launch(cache.batch, cache.num_kv_heads, chunks, num_sms, ctas_per_sm, kv_heads_per_item,
+                                 MAX_ITEM_CHUNKS[cache.config.bits])
+    return plans[key]

@@ -109,6 +109,20 @@ def test_layers_share_lengths_and_grow_apart(rng):
         assert_equal_caches(got, ref, appender)
 
 
+def test_clones_sharing_a_free_list_give_up_the_growths_pages_once():
+    # dataclasses.replace clones share the free_pages list: the reservation takes its pages once.
+    cfg = QuantConfig(bits=4, group_size=128, page_size=128)
+    lens, max_len = [100, 300], 600
+    extra = pages_to_reserve(cfg, lens, max_len) + 3
+    k = torch.randn(2, 300, 1, 128).bfloat16()
+    first = quantize(k, k, lens, cfg, extra_pages=extra)
+    clones = [dataclasses.replace(first, k_codes=first.k_codes.clone(), v_codes=first.v_codes.clone())
+              for _ in range(3)]
+    assert clones[0].free_pages is first.free_pages
+    GraphAppender([first, *clones], max_len)
+    assert len(first.free_pages) == 3
+
+
 @pytest.mark.parametrize("group", [32, 128])
 @pytest.mark.parametrize("k_mode, v_mode", [("channel", "token"), ("token", "token"), ("token", "channel")])
 def test_64_token_v_blocks(rng, group, k_mode, v_mode):

@@ -3,6 +3,8 @@ validation before any launch, the ptxas report parser and the build cache key.""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,42 @@ def test_a_forced_split_longer_than_the_kernels_keep_exact_is_refused():
     assert kernels.launch_args(q, cache, torch.empty_like(q), num_splits=2, **args).num_splits == 2
 
 
+def _forced(cache, num_splits):
+    return kernels.resolve_plan(cache, 4, variant="fold", num_splits=num_splits, num_sms=132, ctas_per_sm=3)[1]
+
+
+def test_a_forced_split_count_splits_the_caches_own_chunks():
+    # 65 chunks: the plan's 33 splits x 2 round the total up to 66, over which 65 splits used to
+    # become 33. Exactly MAX_ITEM_CHUNKS chunks fit one split (the rounded total asked for two).
+    config = QuantConfig(bits=4, group_size=128, k_mode="token", v_mode="token", page_size=128)
+    k = torch.randn(1, 65 * kernels.CHUNK_TOKENS, 1, 128, dtype=torch.bfloat16)
+    cache = foscar.quantize(k, k.clone(), [k.shape[1]], config)
+    assert kernels.resolve_plan(cache, 4, variant="fold", num_splits=None, num_sms=132, ctas_per_sm=3)[1] \
+        .num_splits * 2 == 66
+    assert (_forced(cache, 65).num_splits, _forced(cache, 65).chunks_per_split) == (65, 1)
+    assert (_forced(cache, 13).num_splits, _forced(cache, 13).chunks_per_split) == (13, 5)
+    n = kernels.MAX_ITEM_CHUNKS[2] * kernels.CHUNK_TOKENS
+    k = torch.zeros(1, n, 1, 128, dtype=torch.bfloat16)
+    cache = foscar.quantize(k, k, [n], QuantConfig(bits=2, group_size=128, k_mode="token", v_mode="token",
+                                                    page_size=128))
+    assert _forced(cache, 1).chunks_per_split == kernels.MAX_ITEM_CHUNKS[2]
+
+
+def test_append_makes_the_next_decode_plan_the_grown_lengths():
+    # The plans are memoized per cache (no read-back of seq_lens per step); foscar.append drops
+    # them, so a cache grown from one chunk to eight is planned (and force-split) over eight.
+    config = QuantConfig(bits=2, group_size=128, k_mode="token", v_mode="token", page_size=128)
+    k = torch.randn(1, 64, 1, 128, dtype=torch.bfloat16)
+    cache = foscar.quantize(k, k.clone(), [64], config, extra_pages=4)
+    assert _forced(cache, 4).num_splits == 1
+    token = torch.randn(1, 1, 128, dtype=torch.bfloat16)
+    for _ in range(448):
+        foscar.append(cache, token, token)
+    assert (_forced(cache, 4).num_splits, _forced(cache, 4).chunks_per_split) == (4, 2)
+    assert kernels.resolve_plan(cache, 4, variant="fold", num_splits=None, num_sms=132,
+                                ctas_per_sm=3)[1].num_splits == 8
+
+
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(head_dim=64), "head_dim=64"),
     (dict(num_q_heads=72), "1 to 8"),
@@ -95,6 +133,17 @@ def test_supported_case_has_no_reason():
 def _cpu_cache():
     k = torch.randn(2, 130, 2, 128).bfloat16()
     return foscar.quantize(k, k.clone(), [130, 77], QuantConfig(bits=4, page_size=128))
+
+
+@pytest.mark.parametrize("name,dtype", [("seq_lens", torch.int64), ("page_table", torch.int64),
+                                        ("k_params", torch.float32), ("v_tail", torch.float16)])
+def test_a_cache_tensor_of_another_dtype_is_refused_before_any_launch(name, dtype):
+    # The kernels read raw pointers: int64 lengths (torch.tensor(lens)) would be read as garbage.
+    cache = _cpu_cache()
+    setattr(cache, name, getattr(cache, name).to(dtype))
+    q = torch.randn(2, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"cache\.{name} has dtype {dtype}; the kernels read"):
+        kernels._check_inputs(q, cache, None, "fold", on_gpu=False)
 
 
 def test_decode_rejects_bad_queries_before_touching_the_gpu():
@@ -140,6 +189,36 @@ def test_build_key_follows_the_flags(monkeypatch):
     assert build.build_key("sm_100a", nvcc) != base
     monkeypatch.setattr(build, "NVCC_FLAGS", build.NVCC_FLAGS + ("-lineinfo",))
     assert build.build_key("sm_90a", nvcc) != base
+
+
+def test_a_build_writes_its_files_under_names_of_its_own_then_moves_them(monkeypatch, tmp_path):
+    # Two processes building one key (a sweep's workers) must never link or load each other's
+    # half-written objects: each compiles and links under its pid's names, then renames.
+    monkeypatch.setenv("FOSCAR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(build, "_nvcc_version", lambda _: "V13.0")
+    written = []
+
+    def compile_(nvcc, arch, src, obj, defines=()):
+        written.append(obj.name)
+        obj.write_bytes(b"object")
+        return ""
+
+    def link(cmd, **kwargs):
+        out = Path(cmd[cmd.index("-o") + 1])
+        written.append(out.name)
+        assert all(Path(a).exists() for a in cmd if a.endswith(".tmp") and a != str(out))
+        out.write_bytes(b"library")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(build, "_compile", compile_)
+    monkeypatch.setattr(build.subprocess, "run", link)
+    result = build.build("sm_90a")
+    suffix = f".{os.getpid()}.tmp"
+    assert written and all(name.endswith(suffix) for name in written)
+    assert result.so_path.read_bytes() == b"library" and all(o.exists() for o in result.objects)
+    assert (result.so_path.parent / "resources.json").exists()
+    assert not list(result.so_path.parent.glob("*.tmp"))
 
 
 def test_decode_kernel_names_parse_to_their_template_arguments():
@@ -306,3 +385,17 @@ def test_the_second_instance_follows_the_gpu():
         worst_old = max(worst_old, min(by["v40" if takes else "v40/own"]) / best)
     assert worst_old > 1.02
     assert len(times) >= 18
+
+
+def test_an_outgrown_workspace_is_kept_for_the_graphs_that_hold_it(monkeypatch):
+    # A graph captured with a decode keeps that decode's buffer addresses: a larger decode later
+    # must not free them (the allocator would hand them to other tensors).
+    monkeypatch.setattr(kernels, "_workspaces", {})
+    monkeypatch.setattr(kernels, "_retired_workspaces", [])
+    cpu = torch.device("cpu")
+    first = kernels._workspace(cpu, 1000, 40, 8)
+    assert kernels._workspace(cpu, 900, 40, 8) is first  # fits: the same set
+    grown = kernels._workspace(cpu, 1500, 40, 16)
+    assert grown is not first and any(ws is first for ws in kernels._retired_workspaces)
+    assert grown[0].numel() >= 2000 and grown[1].numel() >= 40 and grown[2].numel() >= 16
+    assert int(grown[2].abs().sum()) == 0  # fresh counters start at zero

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import foscar
-from foscar import emu
+from foscar import emu, kernels
 from foscar.build import BuildError
 from foscar.config import QuantConfig
 from foscar.reference import attention_f64
@@ -121,12 +121,16 @@ def test_ctas_whose_first_items_hold_no_chunk(bits, v_mode, heads):
 def test_many_splits_leave_merge_remainders():
     # The split merge loads 8 splits per step (the one-head kernels: float4, a warp per column,
     # two columns a warp at 8 columns; the paired ones: 4 splits of 8 columns): 13 and 17 splits
-    # leave a remainder in each, and some splits of the shorter sequence hold no token.
+    # leave a remainder in each, and most splits of the shorter sequence hold no token. 102
+    # packed chunks split into exactly 13 (of 8) and 17 (of 6).
     for bits, ratio, heads in ((4, 4, 1), (2, 8, 1), (2, 4, 2)):
         seed, config, _, _, _ = _case(bits, 128, "channel", "token", batch=2, ratio=ratio)
-        lens = [1500, 700]
+        lens = [102 * 64 + 70, 700]
         q, cache = _data(config, lens, 2, ratio, seed)
         for splits in (3, 13, 17):
+            plan = kernels.resolve_plan(cache, q.shape[1], variant="fold", num_splits=splits, num_sms=132,
+                                        ctas_per_sm=3)[1]
+            assert plan.num_splits == splits, plan
             err = _error(q, cache, lens, num_splits=splits, kv_heads_per_item=heads)
             assert err <= TOLERANCE, f"seed={seed} bits={bits} heads={heads} splits={splits}: {err:.2e}"
 
