@@ -69,6 +69,11 @@ class Prepared:
     bytes: bytes one step must move, only where it differs from core.bytes_model's count for
         the case (None: the harness takes the byte model's).
     out: the output buffer `run` writes (poisoned before the checked run), or None.
+    inputs: the tensors (or objects holding them) one step reads: the query and the cache
+        with its scales, page table and lengths; not scratch workspaces, not the source.
+        The cold-L2 check (suite.timing.verify_rotation) counts these alone; None: every
+        tensor reachable from the Prepared, which counts the cloned source each copy's
+        closures may reach, so set it wherever `run` or `reference_kv` reach the source.
     """
 
     run: Callable[[], Any]
@@ -77,6 +82,7 @@ class Prepared:
     out: Any = None
     notes: str = ""
     keepalive: list = field(default_factory=list)
+    inputs: list | None = None
 
 
 class Backend:

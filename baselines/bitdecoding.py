@@ -145,6 +145,7 @@ class _BitDecoding(Backend):
             out=None,
             notes="reference: BitDecoding's quantizer emulated (fp32 codes, fp16 scale and offset)",
             keepalive=[k_pack, k_params, v_pack, v_params, q],
+            inputs=[q, k_pack, k_params, v_pack, v_params],
         )
 
 

@@ -151,6 +151,7 @@ class _FlashInferDecode(Backend):
             out=out,
             notes=f"flashinfer {flashinfer_version()}",
             keepalive=[workspace, wrapper, pt, fmt],
+            inputs=[q, kv, run_kwargs, pt],
         )
 
 

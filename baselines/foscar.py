@@ -91,7 +91,7 @@ class _Foscar(Backend):
 
         return Prepared(
             run=run, reference_kv=reference_kv, out=out,
-            notes=f"foscar variant={variant}", keepalive=[cache],
+            notes=f"foscar variant={variant}", keepalive=[cache], inputs=[q, cache],
         )
 
     def _library(self):

@@ -72,4 +72,4 @@ class TorchRef(Backend):
             ii = torch.as_tensor(list(idx), device=kh.device)
             return kh[ii].transpose(1, 2), vh[ii].transpose(1, 2)
 
-        return Prepared(run=run, reference_kv=reference_kv, out=out)
+        return Prepared(run=run, reference_kv=reference_kv, out=out, inputs=[qg, kh, vh, mask])

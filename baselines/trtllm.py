@@ -127,6 +127,7 @@ class TrtllmXqaFP8(Backend):
             out=out,
             notes=f"flashinfer {flashinfer_version()}",
             keepalive=[workspace, pt, kp, vp],
+            inputs=[q, kp, vp, pt.block_tables, seq_lens],
         )
 
 

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from core.store import SQLiteFile, connect_readonly, git_state
+from core.store import SQLiteFile, connect_readonly, git_state, record_identity
 
 RUNS = "e2e_runs"
 RECORDS = "e2e_records"
@@ -137,22 +137,33 @@ class E2EStore(SQLiteFile):
         self.conn.commit()
 
     def merge_from(self, other: str | os.PathLike) -> tuple[int, int]:
-        """Copy the e2e runs (and their records) of another store that this one lacks; returns
-        (runs, records) added. Running it twice adds nothing the second time."""
+        """Copy the e2e runs another store holds and this one lacks, and every record of its runs
+        that this one lacks: a record is here already only if every field but the store-local id
+        matches (core.store.record_identity, as the sweep's records merge), so a complete store
+        merged after a partial copy of the same run adds what the copy missed. Returns (runs,
+        records) added; running it twice adds nothing the second time."""
         theirs = read_tables(other)
         have = {r[0] for r in self.conn.execute(f"SELECT run_id FROM {RUNS}")}
         runs = theirs.runs[~theirs.runs["run_id"].isin(have)] if not theirs.runs.empty else theirs.runs
-        n_records = 0
         for run in runs.to_dict(orient="records"):
             cols = [c for c in RUN_COLUMNS if c in run]
             self.conn.execute(f"INSERT INTO {RUNS} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
                               tuple(_plain(run[c]) for c in cols))
-            recs = theirs.records[theirs.records["run_id"] == run["run_id"]]
-            for rec in recs.to_dict(orient="records"):
-                cols = [c for c in RECORD_COLUMNS if c in rec]
-                self.conn.execute(f"INSERT INTO {RECORDS} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
-                                  tuple(_plain(rec[c]) for c in cols))
-                n_records += 1
+        names = list(RECORD_COLUMNS)
+        present = {record_identity(_stored(dict(zip(names, r))))
+                   for r in self.conn.execute(f"SELECT {', '.join(names)} FROM {RECORDS}")}
+        recs = theirs.records[theirs.records["run_id"].isin(set(theirs.runs["run_id"]))]
+        n_records = 0
+        for rec in recs.to_dict(orient="records"):
+            row = _stored({c: rec[c] for c in RECORD_COLUMNS if c in rec})
+            ident = record_identity(row)
+            if ident in present:
+                continue
+            cols = [c for c in row if row[c] is not None]
+            self.conn.execute(f"INSERT INTO {RECORDS} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                              tuple(row[c] for c in cols))
+            present.add(ident)
+            n_records += 1
         self.conn.commit()
         return len(runs), n_records
 
@@ -161,6 +172,18 @@ def _plain(value: Any) -> Any:
     if value is None or (isinstance(value, float) and value != value):
         return None
     return value.item() if hasattr(value, "item") and callable(value.item) else value
+
+
+def _stored(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record's columns as SQLite keeps them: NaN as NULL, and a whole number that pandas
+    read as a float (an INTEGER column with NULLs in it) as the integer it is."""
+    out = {}
+    for name, value in rec.items():
+        value = _plain(value)
+        if isinstance(value, float) and value.is_integer() and RECORD_COLUMNS[name].startswith("INTEGER"):
+            value = int(value)
+        out[name] = value
+    return out
 
 
 class E2ETables:

@@ -20,6 +20,10 @@ from core.record import COLUMN_TYPES, COLUMNS, JSON_COLUMNS, Record, row, to_sql
 
 SCHEMA_VERSION = 1
 DEFAULT_DB = Path("results/foscar.sqlite")
+# The extra_json key (true) of a record written for an item no worker ever took: every
+# worker of the sweep failed to start (suite.sweep). Its status is `crashed`, so it shows,
+# but it is no result: finished_keys leaves it out, and --resume runs the item again.
+NOT_ATTEMPTED = "not_attempted"
 
 # Record columns with their SQLite types: the result record's (core.record), and the run.
 RECORD_COLUMNS: dict[str, str] = {"run_id": "TEXT NOT NULL", **COLUMNS}
@@ -264,11 +268,12 @@ class ResultStore(SQLiteFile):
         return 1
 
     def finished_keys(self, run_id: str) -> set[str]:
-        """'case_key|backend' of every record of the run: what --resume skips."""
+        """'case_key|backend' of every record of the run but those marked NOT_ATTEMPTED:
+        what --resume skips."""
         rows = self.conn.execute(
-            "SELECT case_key, backend FROM records WHERE run_id=?", (run_id,)
+            "SELECT case_key, backend, extra_json FROM records WHERE run_id=?", (run_id,)
         ).fetchall()
-        return {f"{c}|{b}" for c, b in rows}
+        return {f"{c}|{b}" for c, b, extra in rows if not not_attempted(extra)}
 
     def records(self, run_id: str | None = None) -> pd.DataFrame:
         """One row per record, with the run's started_at, git_sha and git_dirty."""
@@ -303,6 +308,15 @@ def migrate(df: pd.DataFrame) -> pd.DataFrame:
         for i, value in values.items():
             df.at[i, key] = value
     return df
+
+
+def not_attempted(extra_json: Any) -> bool:
+    """True when a record's extra_json marks it NOT_ATTEMPTED (its item never ran)."""
+    try:
+        extra = json.loads(extra_json) if isinstance(extra_json, str) and extra_json else {}
+    except ValueError:
+        return False
+    return isinstance(extra, dict) and extra.get(NOT_ATTEMPTED) is True
 
 
 def _missing(value: Any) -> bool:

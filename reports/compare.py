@@ -14,6 +14,7 @@ from reports.plotting import kv_label
 from reports.source import Results, resolve
 
 STATUS_LOSS = "now "
+GONE = "gone"  # series.pair's verdict for a series BASE holds and HEAD lacks
 
 
 @dataclass
@@ -52,7 +53,7 @@ def compare(results: Results, base: str, head: str, min_change: float = 0.02,
     failure is a series judged slower with `fail_threshold` as the threshold (beyond it,
     beyond both sides' noise, at matching SM clocks, and beyond `gpu_threshold` where BASE
     and HEAD ran on different physical GPUs), or one that passed in BASE and no longer
-    passes in HEAD.
+    passes in HEAD, absence included ('gone': an interrupted HEAD sweep fails the gate).
 
     Why across GPUs a change is not called on the threshold alone: H200s of one pool differ
     by 2-3.5 % at small shapes (noise.CROSS_GPU_THRESHOLD), which neither side's interval
@@ -70,6 +71,8 @@ def compare(results: Results, base: str, head: str, min_change: float = 0.02,
             gate.append(False)
         elif str(row["verdict"]).startswith(STATUS_LOSS):
             gate.append(True)
+        elif row["verdict"] == GONE:
+            gate.append(row["status_base"] == "passed")  # HEAD lacks it: a run cut short, or a case dropped
         elif row["change"] is not None and pd.notna(row["change"]):
             j = noise.judge(series.sample(row, "_base"), series.sample(row, "_head"), fail_threshold,
                             gpu_threshold=gpu_threshold)

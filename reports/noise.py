@@ -155,7 +155,8 @@ def classify(base: Sample, head: Sample, threshold: float, smaller_is_better: bo
 
 
 def parse_fraction(text: str | float | None) -> float | None:
-    """'5%' -> 0.05, '0.05' -> 0.05, '5' -> 0.05 (a bare number above 1 is a percentage)."""
+    """'5%' -> 0.05, '0.05' -> 0.05, '5' -> 0.05 (a bare number above 1 is a percentage);
+    a bare 1, 1 % or 100 %, is refused."""
     if text is None or text == "":
         return None
     raw = str(text).strip()
@@ -163,6 +164,8 @@ def parse_fraction(text: str | float | None) -> float | None:
         value = float(raw.rstrip("%"))
     except ValueError:
         raise ValueError(f"threshold {raw!r} is not a number; write it as 5% or 0.05.") from None
+    if value == 1 and not raw.endswith("%"):
+        raise ValueError(f"threshold {raw!r} is ambiguous (1 % or 100 %?); write 1% or 0.01.")
     if raw.endswith("%") or value > 1:
         value /= 100
     if value < 0:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from baselines.base import Backend
 from core.case import Case
 from core.record import GpuFields, Record
-from core.store import ResultStore, record_key
+from core.store import NOT_ATTEMPTED, ResultStore, record_key
 from suite.runner import new_record
 
 CASE_TIMEOUT_S = 900.0  # a case's own work: prepare, check, timing (its kernels are built before)
@@ -316,15 +316,23 @@ class Sweep:
                     self._restart(slot)
 
     def _fail_remaining(self) -> None:
+        """Every worker failed to start: each item left is recorded `crashed`, and those no
+        worker began are marked NOT_ATTEMPTED, so that --resume runs them again."""
         reasons = "; ".join(s.disabled or "" for s in self.slots)
         reason = f"no worker could run it: {reasons}"
         while self.pending:
-            item = self.pending.popleft()
-            self._write(item, self._lost(item, "crashed", reason, None), None)
+            self._write_unrun(self.pending.popleft(), reason, attempted=False)
         for slot in self.slots:
             if slot.item is not None:
-                self._write(slot.item, self._lost(slot.item, "crashed", reason, None), None)
+                self._write_unrun(slot.item, reason, attempted=slot.started_at is not None)
                 slot.item = None
+
+    def _write_unrun(self, item: Item, reason: str, attempted: bool) -> None:
+        record = self._lost(item, "crashed", reason, None)
+        if not attempted:
+            record.reason += "; never attempted: --resume runs it again"
+            record.extra[NOT_ATTEMPTED] = True
+        self._write(item, record, None)
 
     def _shutdown(self) -> None:
         for slot in self.slots:

@@ -210,9 +210,10 @@ def time_gpu(
     sampling until `rule` stops it.
 
     flush: called (on the GPU stream) before every sample when L2 is kept cold by
-    flushing. sample_clock: called while each batch is still running, so clocks and
-    throttle reasons are read under load; every batch's reading is returned beside the
-    timing, in order (suite.envinfo.load_clocks sums them up).
+    flushing. sample_clock: called as soon as each batch's first sample has begun on the
+    GPU (past the sleep), so clocks and throttle reasons are read while the timed kernels
+    run (a batch shorter than the NVML calls may end before they return); every batch's
+    reading is returned beside the timing, in order (suite.envinfo.load_clocks sums them up).
     """
     import torch
 
@@ -237,7 +238,10 @@ def time_gpu(
             end.record()
         state["offset"] += n
         if sample_clock is not None:
-            state["clocks"].append(sample_clock())  # the GPU is still busy with this batch
+            # Once the first sample has begun, the sleep is over and the GPU runs the timed
+            # kernels: read the clocks then, not while it still spins in the sleep.
+            events[0][0].synchronize()
+            state["clocks"].append(sample_clock())
         torch.cuda.synchronize()
         return [s.elapsed_time(e) * 1e3 for s, e in events]
 
@@ -375,16 +379,19 @@ def shape_l2_plan(bytes_per_copy: int, reference_bytes: int, l2_bytes: int | Non
 
 
 def verify_rotation(plan: L2Plan, copies: Sequence[Any], bytes_per_copy: int) -> L2Plan:
-    """The plan's verdict recomputed from what the prepared copies really hold: tensors
-    reachable from several copies are shared (re-read every sample, so they can stay in
-    L2), and a copy counts at most its byte-model bytes towards the reuse distance.
-    A rotation whose copies share their data is then 'warm', not silently cold."""
+    """The plan's verdict recomputed from what the prepared copies' steps really read:
+    a copy's `inputs` where it names them (baselines.base.Prepared), else every tensor
+    reachable from the copy. Tensors read by several copies are shared (re-read every
+    sample, so they can stay in L2), and a copy counts at most its byte-model bytes
+    towards the reuse distance. A rotation whose copies share their data is then 'warm',
+    not silently cold."""
     if plan.policy == "flush" or len(copies) < 1:
         return plan
     owners: dict[tuple, set[int]] = {}
     sizes: dict[tuple, int] = {}
     for i, obj in enumerate(copies):
-        for key, nbytes in reachable_storages(obj).items():
+        inputs = getattr(obj, "inputs", None)
+        for key, nbytes in reachable_storages(obj if inputs is None else inputs).items():
             owners.setdefault(key, set()).add(i)
             sizes[key] = nbytes
     own = [0] * len(copies)

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
         fail_on_regression: Optional[str] = typer.Option(
             None, "--fail-on-regression",
             help="Exit 1 when a median time regressed by more than this (e.g. 5%) outside the noise "
-            "of both sides, or a case that passed in BASE no longer passes."),
+            "of both sides, or a case that passed in BASE no longer passes or is missing from HEAD."),
         threshold: str = typer.Option("2%", "--threshold", help="Smallest change to list as a change."),
         cross_gpu_threshold: Optional[str] = typer.Option(
             None, "--cross-gpu-threshold",

@@ -71,7 +71,7 @@ def merge(out: Path, inputs: list[Path]) -> None:
                f"{counts.records_present} already there; {counts.runs_added} run(s) added, "
                f"{counts.runs_combined} combined from shards"
                + (f"; {counts.e2e_runs_added} e2e run(s) with {counts.e2e_records_added} record(s) added."
-                  if counts.e2e_runs_added else "."))
+                  if counts.e2e_runs_added or counts.e2e_records_added else "."))
 
 
 def register(app: typer.Typer) -> None:

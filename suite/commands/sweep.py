@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         backends: Optional[str] = typer.Option(None, "--backends", "-b", help="Comma list; 'flashinfer-*' matches a prefix. Default: all."),
         gpus: Optional[str] = typer.Option(None, "--gpus", help="CUDA indices, e.g. 0,1. Default: every visible GPU."),
         db: Path = typer.Option(Path("results/foscar.sqlite"), "--db", help="Results store (SQLite)."),
-        resume: Optional[str] = typer.Option(None, "--resume", help="Continue run RUN: skip its finished cases."),
+        resume: Optional[str] = typer.Option(None, "--resume", help="Continue run RUN: skip its finished cases (items no worker ever took run again)."),
         shard: Optional[str] = typer.Option(None, "--shard", help="Run shard I of N (I from 0) of the expanded items, e.g. 3/8: one per host; `results merge` joins the stores."),
         run_id: Optional[str] = typer.Option(None, "--run-id", help="Name the run (e.g. one id for every shard of a job array); continues it if the store already holds it with the same settings."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cases and exit."),
@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(str(exc), err=True)
             raise typer.Exit(2)
         from suite.envinfo import collect
-        from suite.summary import summary_table
+        from suite.summary import latest_per_item, summary_table
         from suite.sweep import SweepOptions, run_sweep
 
         config = {
@@ -155,7 +155,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(130)
         df = store.records(run_id)
         console.print(summary_table(df, title=f"run {run_id}"))
-        counts = df.groupby("status").size().to_dict() if not df.empty else {}
+        counts = latest_per_item(df).groupby("status").size().to_dict() if not df.empty else {}
         console.print(
             "status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
             + f"   (worker logs: {log_dir})\n"

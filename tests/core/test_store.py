@@ -91,6 +91,18 @@ def test_resume_keys_and_existing_run(tmp_path):
     assert store.run_info("myrun")["env"]["workers"]["0"]["gpu_name"] == "X"
 
 
+def test_resume_keys_leave_out_items_never_attempted(tmp_path):
+    from core.store import NOT_ATTEMPTED
+
+    store = ResultStore(tmp_path / "n.sqlite")
+    run = store.start_run(argv=[], config={}, env={})
+    store.add_record(run, _rec(case_key="c1", backend="a", status="crashed"))  # ran and crashed: finished
+    store.add_record(run, _rec(case_key="c2", backend="a", status="crashed", **{NOT_ATTEMPTED: True}))
+    store.add_record(run, _rec(case_key="c3", backend="a", status="crashed", **{NOT_ATTEMPTED: True}))
+    store.add_record(run, _rec(case_key="c3", backend="a"))  # c3 ran on a later resume
+    assert store.finished_keys(run) == {"c1|a", "c3|a"}
+
+
 def test_records_of_all_runs(tmp_path):
     store = ResultStore(tmp_path / "a.sqlite")
     r1 = store.start_run(argv=[], config={}, env={})

@@ -124,7 +124,9 @@ def test_unchanged_baselines_on_the_h200_call_nothing(bundled_copy):
     timed = ch[ch["backend"].isin(BASELINES) & ch["change"].notna()]
     assert len(timed) == 5
     assert set(timed["verdict"]) == {noise.SAME}, timed[["backend", "change", "noise", "verdict"]]
-    assert len(cmp.failures) == 0
+    # HEAD re-ran the baselines (ours under other names, no torch-ref): the series BASE passed
+    # and HEAD lacks fail the gate, no baseline does
+    assert set(cmp.failures["verdict"]) == {"gone"} and not cmp.failures["backend"].isin(BASELINES).any()
 
 
 def _inject(db: Path, run_from: str, run_to: str, factor: float, backend: str) -> None:
@@ -202,6 +204,38 @@ def test_parse_fraction(text, value):
 def test_parse_fraction_rejects_words():
     with pytest.raises(ValueError, match="not a number"):
         parse_fraction("five")
+
+
+@pytest.mark.parametrize("text", ["1", "1.0", " 1 "])
+def test_parse_fraction_refuses_a_bare_one(text):
+    with pytest.raises(ValueError, match=r"is ambiguous \(1 % or 100 %\?\); write 1% or 0.01"):
+        parse_fraction(text)
+    assert parse_fraction("1%") == pytest.approx(0.01) and parse_fraction("0.01") == pytest.approx(0.01)
+
+
+def test_series_missing_from_head_fail_the_gate(tmp_path):
+    # An interrupted HEAD sweep: a case that passed in BASE is absent from HEAD. Gone series
+    # whose BASE did not pass (nothing lost) leave the gate alone, as does HEAD's new series.
+    from reports_fixture import _record
+
+    db = tmp_path / "g.sqlite"
+    rng = random.Random(0)
+    with ResultStore(db) as store:
+        a = store.start_run(argv=[], config={}, env={}, run_id="A")
+        b = store.start_run(argv=[], config={}, env={}, run_id="B")
+        store.add_record(a, _record("foscar-int4", 8, 4096, 1.0, rng))
+        store.add_record(a, _record("foscar-int4", 32, 4096, 1.0, rng))
+        store.add_record(a, {**_record("foscar-int2", 8, 4096, 1.0, rng), "status": "unsupported"})
+        store.add_record(b, _record("foscar-int4", 8, 4096, 1.0, rng))
+        store.add_record(b, _record("foscar-int4", 128, 4096, 1.0, rng))
+    cmp = compare(open_store(db), "A", "B", fail_threshold=0.05)
+    verdicts = dict(zip(zip(cmp.changes["backend"], cmp.changes["batch"]), zip(cmp.changes["verdict"], cmp.changes["gate"])))
+    assert verdicts[("foscar-int4", 32)] == ("gone", True)
+    assert verdicts[("foscar-int2", 8)] == ("gone", False) and verdicts[("foscar-int4", 128)] == ("new", False)
+    assert len(cmp.failures) == 1
+    res = CliRunner().invoke(app, ["compare", "A", "B", "--db", str(db), "--fail-on-regression", "5%"])
+    assert res.exit_code == 1 and "gone (fails gate)" in res.output, res.output
+    assert len(compare(open_store(db), "A", "B").failures) == 0  # no gate asked: nothing fails
 
 
 # --- BASE and HEAD on different physical GPUs (gpu_uuid) -----------------------------------

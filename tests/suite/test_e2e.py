@@ -138,6 +138,38 @@ def test_store_keeps_its_own_tables_and_merges_once(tmp_path):
     assert read_tables(tmp_path / "missing.sqlite").empty
 
 
+def test_merge_after_a_partial_copy_of_a_run_adds_what_it_missed(tmp_path):
+    # A copy taken while the run was still going, merged first; then the finished store: its
+    # later records are added, those already there are not (/tmp/rev_suite/e2e_merge.py).
+    import shutil
+
+    from core.store import merge_stores
+
+    box = tmp_path / "box.sqlite"
+
+    def add(store, run, batches):
+        for b in batches:  # `steps` partly NULL: pandas reads that INTEGER column as floats
+            store.add(run, {"mode": "grid", "status": "passed", "backend": "foscar-int4", "batch": b,
+                            "kv_len": 4096, "step_median_us": 10.0 * b, "steps": 5 if b == 8 else None})
+
+    with E2EStore(box) as store:
+        run = store.start_run(argv=["e2e"], config={}, env={})
+        add(store, run, (1, 8))
+    shutil.copy(box, tmp_path / "snapshot.sqlite")
+    with E2EStore(box) as store:
+        add(store, run, (32, 128))
+    out = tmp_path / "merged.sqlite"
+    first = merge_stores(out, [tmp_path / "snapshot.sqlite"])
+    assert (first.e2e_runs_added, first.e2e_records_added) == (1, 2)
+    then = merge_stores(out, [box])
+    assert (then.e2e_runs_added, then.e2e_records_added) == (0, 2)
+    assert sorted(read_tables(out).records.batch) == [1, 8, 32, 128]
+    assert merge_stores(out, [box, tmp_path / "snapshot.sqlite"]).e2e_records_added == 0
+    res = CliRunner().invoke(app, ["results", "merge", str(tmp_path / "m2.sqlite"), str(tmp_path / "snapshot.sqlite")])
+    res = CliRunner().invoke(app, ["results", "merge", str(tmp_path / "m2.sqlite"), str(box)])
+    assert res.exit_code == 0 and "0 e2e run(s) with 2 record(s) added" in res.output, res.output
+
+
 # --- the command ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("args, message", [
     (["--batch", "abc"], "--batch 'abc' is not a comma list of integers"),

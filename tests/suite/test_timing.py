@@ -203,6 +203,61 @@ def test_rotation_verdict_counts_what_the_copies_really_hold():
     assert timing.verify_rotation(plan, [closure_copy() for _ in range(16)], 4096).verdict == "cold"
 
 
+def test_rotation_verdict_counts_what_the_step_reads_not_the_cloned_source():
+    # Every copy is prepared from its own clone of the source and our step's closure reaches
+    # it (source.sm_scale): the clone must not count as the copy's data, or a rotation over
+    # one shared cache would be judged cold (/tmp/rev_suite/rot.py).
+    import torch
+
+    from baselines.base import Prepared
+    from core.case import Case
+    from suite.runner import clone_source, make_source
+
+    source = make_source(Case(batch=1, kv_len=1024, num_q_heads=4, num_kv_heads=1, head_dim=64), torch.device("cpu"))
+    nbytes = 16 * 1024
+    plan = timing.l2_plan(nbytes, 4 * nbytes, 256)
+    assert plan.policy == "rotate:16" and plan.cold
+
+    def copy(src, cache):
+        q = src.q
+
+        def run():
+            return cache.sum() * q.sum() * src.sm_scale
+
+        return Prepared(run=run, reference_kv=lambda idx: (src.k, src.v), inputs=[q, cache])
+
+    def rotation(cache_for):
+        return [copy(source, cache_for())] + [copy(clone_source(source), cache_for()) for _ in range(plan.copies - 1)]
+
+    shared = torch.randn(nbytes // 4)
+    warm = timing.verify_rotation(plan, rotation(lambda: shared), nbytes)
+    assert warm.verdict == "warm" and "shared by the copies" in warm.detail
+    assert warm.reuse_bytes == (plan.copies - 1) * source.q.untyped_storage().nbytes()  # the queries alone
+    cold = timing.verify_rotation(plan, rotation(lambda: torch.randn(nbytes // 4)), nbytes)
+    assert cold.verdict == "cold" and cold.reuse_bytes == (plan.copies - 1) * nbytes
+    # without `inputs` the whole Prepared counts, cloned source included: the old reading
+    legacy = [Prepared(run=p.run, reference_kv=p.reference_kv) for p in rotation(lambda: shared)]
+    assert timing.verify_rotation(plan, legacy, nbytes).verdict == "cold"
+
+
+def test_torch_ref_names_what_its_step_reads():
+    import torch
+
+    pytest.importorskip("foscar")
+    from baselines.base import get_backend
+    from core.case import Case
+    from suite.runner import make_source
+
+    backend = get_backend("torch-ref")
+    case = backend.case_for(Case(batch=1, kv_len=256, num_q_heads=4, num_kv_heads=1, head_dim=128))
+    source = make_source(case, torch.device("cpu"))
+    prepared = backend.prepare(case, source)
+    read = timing.reachable_storages(prepared.inputs)
+    assert ("cpu", source.q.untyped_storage().data_ptr()) in read  # its query
+    assert not {("cpu", t.untyped_storage().data_ptr()) for t in (source.k, source.v)} & set(read)
+    assert sum(read.values()) >= 2 * case.kv_len * case.num_kv_heads * case.head_dim * 2  # its BF16 K and V
+
+
 def test_rotation_verdict_of_a_shape_plan_keeps_its_rule():
     import torch
 
@@ -216,6 +271,57 @@ def test_rotation_verdict_of_a_shape_plan_keeps_its_rule():
     assert warm.verdict == "warm" and warm.detail.startswith(plan.detail + "; measured:") and warm.rule == plan.rule
     flushed = timing.shape_l2_plan(4096, 100, l2, 32, 256)
     assert timing.verify_rotation(flushed, [object()], 4096) is flushed  # a flush is not rotation: left as it is
+
+
+class _FakeStream:
+    """One CUDA stream, faked: work is queued and runs only when the host waits for it."""
+
+    def __init__(self):
+        self.queued, self.ran = [], []
+
+    def put(self, op):
+        self.queued.append(op)
+
+    def run_to(self, op=None):
+        while self.queued and (op is None or op in self.queued):
+            self.ran.append(self.queued.pop(0))
+
+
+def test_clocks_are_read_while_the_timed_kernels_run(monkeypatch):
+    # Each batch queues a GPU sleep, then its samples: NVML must be read after the sleep has
+    # ended on the GPU and before the batch's last sample ends, not while the GPU still spins.
+    import torch
+
+    stream = _FakeStream()
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            stream.put(self)
+
+        def synchronize(self):
+            stream.run_to(self)
+
+        def elapsed_time(self, end):
+            return 0.01
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: stream.run_to())
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: stream.put(("sleep", cycles)), raising=False)
+    seen = []
+
+    def sample_clock():
+        sleeps = [op for op in stream.ran if isinstance(op, tuple)]
+        seen.append((len(sleeps), stream.queued[-1] in stream.ran))  # (sleeps over, batch over)
+        return {"sm_clock_mhz": 1980}
+
+    rule = StopRule(target_spread=1.0, min_samples=5, min_time_s=0.0, max_time_s=5.0, max_samples=12)
+    timed, clocks = timing.time_gpu([lambda: stream.put("kernel")], l2_policy="size", use_graphs=False,
+                                    sample_clock=sample_clock, rule=rule)
+    assert timed.n_samples >= 5 and len(clocks) == len(seen) >= 1
+    assert seen == [(i + 1, False) for i in range(len(seen))]  # this batch's sleep over, its samples not
 
 
 def test_l2_flush_reads_its_buffer_and_writes_nothing_big():

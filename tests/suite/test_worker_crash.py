@@ -1,5 +1,7 @@
 """Crash isolation, simulated on the CPU: a worker that dies, hangs or raises costs one
 record; the sweep replaces the worker and the remaining cases still run."""
+import json
+
 import harness_doubles
 from baselines.base import Unsupported
 from core.case import Case
@@ -64,3 +66,24 @@ def test_resume_skips_finished_items(tmp_path):
     assert sorted(df.backend) == ["test-stub", "test-unsupported", "test-wrong"]
     assert df[df.backend == "test-stub"].median_us.tolist() == [1.0]  # not redone
     assert run_sweep(store=store, run_id=run, items=items, options=opts, progress=False).written == 0
+
+
+def test_items_no_worker_took_are_run_again_on_resume(tmp_path):
+    # Every worker fails to start (a CUDA index no box has): the items are recorded crashed but
+    # marked never attempted, and a resume on a working device runs them (/tmp/rev_suite/resume_poison.py).
+    from core.store import NOT_ATTEMPTED
+
+    store = ResultStore(tmp_path / "p.sqlite")
+    run = store.start_run(argv=[], config={}, env={})
+    items = _items(["test-stub", "test-wrong"])
+    lost = run_sweep(store=store, run_id=run, items=items, options=SweepOptions(devices=["99"], read_ceiling=False),
+                     progress=False)
+    assert lost.counts == {"crashed": 2}
+    df = store.records(run)
+    assert all("never attempted" in r for r in df.reason)
+    assert all(json.loads(e)[NOT_ATTEMPTED] is True for e in df.extra_json)
+    assert store.finished_keys(run) == set()
+    again = run_sweep(store=store, run_id=run, items=items, options=SweepOptions(devices=["cpu"], read_ceiling=False),
+                      progress=False)
+    assert again.counts == {"passed": 1, "incorrect": 1}
+    assert store.finished_keys(run) == {i.key for i in items}
