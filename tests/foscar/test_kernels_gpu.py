@@ -166,3 +166,37 @@ def test_bad_input_is_one_clear_error():
         foscar.decode(torch.randn(2, 4, 128, device="cuda").to(torch.bfloat16), cache)
     with pytest.raises(ValueError, match="1 to 8"):
         foscar.decode(torch.randn(1, 16, 128, device="cuda").to(torch.bfloat16), cache)
+
+
+def test_a_graph_replayed_after_a_larger_decode_still_writes_its_own_workspace(monkeypatch):
+    # A graph holds the split workspace it was captured with; a larger eager decode on the same
+    # device grows the workspace, and the outgrown set must stay allocated (foscar.kernels
+    # keeps it): replayed afterwards, the graph's split merge still reads what it wrote.
+    from foscar import kernels
+
+    monkeypatch.setattr(kernels, "_workspaces", {})  # this test's own sets, from the smallest
+    monkeypatch.setattr(kernels, "_retired_workspaces", [])
+    config = QuantConfig(bits=4, group_size=128, k_mode="channel", v_mode="token", page_size=128)
+    seed = RNG.randrange(1 << 30)
+    q, cache = _inputs(config, [6000], 8, 4, seed)  # batch 1: split across the GPU
+    kd, vd = foscar.dequantize(cache, dtype=torch.float64)
+    ref = attention_f64(q, kd, vd, [6000])
+    out = torch.empty_like(q)
+    foscar.decode(q, cache, out=out)  # plan and workspace before capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        foscar.decode(q, cache, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    big_q, big_cache = _inputs(config, [30000] * 16, 8, 4, seed + 1)  # more rows x splits of partials
+    foscar.decode(big_q, big_cache)
+    assert len(kernels._retired_workspaces) == 1  # the graph's set, outgrown
+    filler = [torch.full((1 << 20,), 7.0, device="cuda") for _ in range(64)]  # reuse any freed memory
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    del filler
+    assert torch.isfinite(out).all()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
