@@ -12,13 +12,35 @@ from reports.report import slug
 from reports.source import Results
 
 def steps(per_point: pd.DataFrame, min_change: float) -> pd.DataFrame:
-    """Each series' change from one commit to the next it was measured at, with a verdict."""
+    """Each series' change from one commit to the next it was measured at, with a verdict.
+
+    A series is paired with its own previous measurement, so a commit that did not measure it
+    neither hides a change across it nor reads as gone then new; a series first measured after
+    the first commit is `new` there, and one never measured after some commit is `gone` at the
+    commit after its last."""
+    if per_point.empty:
+        return pd.DataFrame()
     pts = sorted(per_point["point"].unique())
+    labels = per_point.drop_duplicates("point").set_index("point")["point_label"]
+    recs = per_point.sort_values("point", kind="stable")
+    by_series = recs.groupby(series.SERIES_KEYS, dropna=False)["point"]
+    prev, nxt = by_series.shift(1), by_series.shift(-1)
+    after = {p: q for p, q in zip(pts, pts[1:])}
+    # (from point, to point) -> (BASE rows, HEAD rows): the two measurements of each step
+    pairs: dict[tuple, tuple[list, list]] = {}
+    for i, (point, before, later) in enumerate(zip(recs["point"], prev, nxt)):
+        if pd.notna(before):
+            pairs.setdefault((int(before), point), ([], []))[1].append(i)
+        elif point != pts[0]:  # first measured here: new
+            pairs.setdefault((pts[pts.index(point) - 1], point), ([], []))[1].append(i)
+        if pd.notna(later):
+            pairs.setdefault((point, int(later)), ([], []))[0].append(i)
+        elif point != pts[-1]:  # never measured again: gone at the next commit
+            pairs.setdefault((point, after[point]), ([], []))[0].append(i)
     frames = []
-    for prev, cur in zip(pts, pts[1:]):
-        pair = series.pair(per_point[per_point["point"] == prev], per_point[per_point["point"] == cur], min_change)
-        labels = per_point.drop_duplicates("point").set_index("point")["point_label"]
-        pair["from"], pair["to"], pair["to_point"] = labels[prev], labels[cur], cur
+    for (frm, to), (base, head) in sorted(pairs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        pair = series.pair(recs.iloc[base], recs.iloc[head], min_change)
+        pair["from"], pair["to"], pair["to_point"] = labels[frm], labels[to], to
         frames.append(pair)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -54,7 +76,8 @@ def series_figure(shape_recs: pd.DataFrame, shape_steps: pd.DataFrame, labels: l
             ax.plot(g["point"], mid, marker="o", markersize=3, color=c,
                     label=f"{catalog.label(backend)} ({form})" if col == 0 else None)
             ax.fill_between(g["point"], lo, hi, color=c, alpha=0.2 if col != 1 else 0.08, linewidth=0)
-            mine = called[(called["backend"] == backend)] if len(called) else called
+            mine = called[(called["backend"] == backend)
+                          & (called.apply(series.format_short, axis=1) == form)] if len(called) else called
             for _, h in mine.iterrows():
                 at = g["point"] == h["to_point"]
                 if at.any():
@@ -117,7 +140,8 @@ def _changes_section(st: pd.DataFrame) -> list[str]:
     called = st[st["verdict"].isin([noise.SLOWER, noise.FASTER]) | st["verdict"].str.startswith("now ")] \
         if len(st) else st
     if called.empty:
-        out.append(html.para("No regression, improvement or lost passing case between consecutive commits."))
+        out.append(html.para("No regression, improvement or lost passing case between a series' consecutive "
+                             "measurements."))
         return out
     display = pd.DataFrame({
         "from": called["from"], "to": called["to"], "GPU": called["gpu_name"],

@@ -33,17 +33,21 @@ def label(backend: str) -> str:
 
 
 def load(results) -> "pd.DataFrame":
-    """The e2e records of the store a report reads (the newest per point), or an empty frame."""
+    """The e2e records of the stores a report reads (several --db: each store's, together; the
+    newest per point), or an empty frame."""
     from core.e2e_store import read_tables
 
     from reports.source import BUNDLED_DB
 
-    db = str(getattr(results, "db", "") or "")
-    if not db:
-        return pd.DataFrame()
-    bundled = db.endswith("(bundled)")
-    path = BUNDLED_DB if bundled else Path(db)
-    return latest(read_tables(path, immutable=bundled).records)
+    dbs = [str(d) for d in getattr(results, "dbs", None) or [getattr(results, "db", "")] if d]
+    parts = []
+    for db in dbs:
+        bundled = db.endswith("(bundled)")
+        records = read_tables(BUNDLED_DB if bundled else Path(db), immutable=bundled).records
+        if not records.empty:
+            parts.append(records)
+    # a run copied into two stores counts once: latest() keeps one record per point
+    return latest(pd.concat(parts, ignore_index=True)) if parts else pd.DataFrame()
 
 
 def e2e_only(db, names) -> "object | None":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
@@ -39,6 +39,9 @@ class GpuFacts:
     peak_datasheet_tbps: float | None = None
     read_ceiling_tbps: float | None = None
     read_ceiling_spread: float | None = None  # relative width, when the run recorded it
+    read_ceiling_run: str | None = None  # the run whose environment gave the ceiling and its spread
+    # every run's own measured ceiling: run id -> (TB/s, relative spread or None)
+    run_ceilings: dict[str, tuple[float, float | None]] = field(default_factory=dict)
     sm_count: int | None = None
     sm_clock_mhz: float | None = None
     capability: str | None = None
@@ -108,14 +111,17 @@ def _ratio_median(records: pd.DataFrame, frac_col: str) -> float | None:
     return float((ok["eff_bandwidth_tbps"] / ok[frac_col]).median())
 
 
-def gpu_facts(gpu_name: str, envs: Iterable[dict], records: pd.DataFrame) -> GpuFacts:
-    """Facts of one GPU model from the run environments and that GPU's records."""
-    envs = list(envs)
+def gpu_facts(gpu_name: str, envs: Iterable[dict] | Mapping[str, dict], records: pd.DataFrame) -> GpuFacts:
+    """Facts of one GPU model from the run environments (a list, or run id -> environment)
+    and that GPU's records. The read ceiling and its spread come from one run: of the runs
+    that measured one, the run holding most of `records` (the newest on a tie)."""
+    named = isinstance(envs, Mapping)
+    by_run = {str(k): v for k, v in envs.items()} if named else dict(enumerate(envs))
+    envs = list(by_run.values())
     facts = GpuFacts(name=gpu_name)
     for attr, keys, frac in (
         ("peak_bus_tbps", _BUS, "frac_peak_bus"),
         ("peak_datasheet_tbps", _DATASHEET, "frac_peak_datasheet"),
-        ("read_ceiling_tbps", _CEILING, "frac_read_ceiling"),
     ):
         value = _number(find(envs, keys, gpu_name))
         source = "run environment"
@@ -124,7 +130,7 @@ def gpu_facts(gpu_name: str, envs: Iterable[dict], records: pd.DataFrame) -> Gpu
         if value is not None:
             setattr(facts, attr, value)
             facts.sources[attr] = source
-    facts.read_ceiling_spread = _ceiling_spread(envs)
+    _set_read_ceiling(facts, by_run, records, named)
     sms = _number(find(envs, _SMS, gpu_name))
     facts.sm_count = int(sms) if sms else None
     if facts.sm_count is None and any(tag in gpu_name for tag in SXM_132_SM):
@@ -140,30 +146,64 @@ def gpu_facts(gpu_name: str, envs: Iterable[dict], records: pd.DataFrame) -> Gpu
     return facts
 
 
-def _ceiling_spread(envs: Iterable[dict]) -> float | None:
-    """The spread the read-ceiling search recorded beside its figure (suite.readceiling)."""
-    for env in envs:
-        for block in _blocks(env):
-            if block.get("read_ceiling_tbps") is not None and _number(block.get("spread")) is not None:
-                return _number(block["spread"])
+def _run_ceiling(env: Any, gpu_name: str) -> tuple[float, float | None] | None:
+    """(TB/s, relative spread) of the read ceiling one run's environment holds, both from one
+    block (the spread the search recorded beside its figure, suite.readceiling), preferring
+    the block of the GPU named `gpu_name`; None when it holds none."""
+    blocks = list(_blocks(env))
+    for group in ([b for b in blocks if b.get("name") == gpu_name], blocks):
+        for block in group:
+            for key in _CEILING:
+                value = _number(block.get(key))
+                if value is not None:
+                    return value, _number(block.get("spread"))
     return None
 
 
+def _set_read_ceiling(facts: GpuFacts, envs: Mapping[Any, dict], records: pd.DataFrame, named: bool) -> None:
+    """The drawn read ceiling and its spread, both from one run: of the runs whose environment
+    holds one, the run holding most of `records`, the newest on a tie (`envs` unnamed, a list:
+    the last that holds one); else the ceiling the records' fractions imply. Every named run's
+    own ceiling goes to facts.run_ceilings."""
+    found = {run: got for run, env in envs.items() if (got := _run_ceiling(env, facts.name)) is not None}
+    if not found:
+        value = _ratio_median(records, "frac_read_ceiling")
+        if value is not None:
+            facts.read_ceiling_tbps = value
+            facts.sources["read_ceiling_tbps"] = "implied by the records' fractions"
+        return
+    best = list(found)[-1]
+    if named:
+        facts.run_ceilings = dict(found)
+        runs = records["run_id"].astype(str)
+        held = runs.value_counts()
+        started = records.groupby(runs)["started_at"].max()
+        best = max(found, key=lambda run: (int(held.get(run, 0)), str(started.get(run) or "")))
+        facts.read_ceiling_run = best
+        facts.sources["read_ceiling_tbps"] = (f"run {best}, which holds {int(held.get(best, 0))} of the "
+                                              f"{len(records)} records")
+    else:
+        facts.sources["read_ceiling_tbps"] = "run environment"
+    facts.read_ceiling_tbps, facts.read_ceiling_spread = found[best]
+
+
 def above_ceiling(records: pd.DataFrame, facts: GpuFacts) -> pd.DataFrame:
-    """Timed records whose bandwidth beats the measured read ceiling by more than the two
-    noises allow (each median's 95% half-width, and half the ceiling's recorded spread):
-    a ceiling a real kernel beats is not one."""
+    """Timed records whose bandwidth beats the read ceiling their own run measured by more
+    than the two noises allow (each median's 95% half-width, and half the spread that run
+    recorded beside its ceiling): a ceiling a real kernel beats is not one."""
     from reports import noise
 
     rows = []
     for _, r in records[(records["eff_bandwidth_tbps"] > 0) & (records["median_us"] > 0)].iterrows():
-        # the ceiling this record's own run measured (what its frac_read_ceiling divided by)
+        # the ceiling this record's own run measured (what its frac_read_ceiling divided by), with
+        # that run's spread; the drawn ceiling's where the run's own is not known
+        run = facts.run_ceilings.get(str(r.get("run_id")), (facts.read_ceiling_tbps, facts.read_ceiling_spread))
         ceiling = (r["eff_bandwidth_tbps"] / r["frac_read_ceiling"] if r.get("frac_read_ceiling", 0) > 0
-                   else facts.read_ceiling_tbps)
+                   else run[0])
         if not ceiling:
             continue
         own = noise.Sample(r["median_us"], r.get("p10_us"), r.get("p90_us"), r.get("n_samples"), r.get("spread")).noise
-        slack = math.hypot(own, (facts.read_ceiling_spread or 0.0) / 2)
+        slack = math.hypot(own, (run[1] or 0.0) / 2)
         over = r["eff_bandwidth_tbps"] / ceiling - 1
         if over > slack:
             rows.append({**r.to_dict(), "ceiling_tbps": ceiling, "over_ceiling": over, "slack": slack})

@@ -81,7 +81,9 @@ def _paper_sections(page: _Page, records: pd.DataFrame) -> None:
     page.body.append(html.heading("2. Speedups", "speedups"))
     page.table(tables.speedup_table(records),
                "Measured: geometric mean over the selected runs' cases of baseline time / our time, "
-               "counting only cases where both passed on the same shape and GPU; paper values beside.")
+               "counting only cases where both passed on the same shape and GPU; one row per K/V format "
+               "of ours, over the shapes that format ran (a baseline that ran one shape in several "
+               "formats counts with its median); paper values beside.")
     pairs = tables.case_speedups(records)
     if not pairs.empty:
         pairs.to_csv(page.out / "speedups_per_case.csv", index=False)
@@ -89,12 +91,13 @@ def _paper_sections(page: _Page, records: pd.DataFrame) -> None:
 
 
 def _gpu_sections(page: _Page, recs: pd.DataFrame, gpu: str, results: Results) -> None:
-    envs = [results.env(r) for r in recs["run_id"].unique()]
-    facts = gpu_facts(gpu, envs, recs)
+    facts = gpu_facts(gpu, {r: results.env(r) for r in recs["run_id"].unique()}, recs)
     tag = slug(gpu)
     page.body.append(html.heading(f"3. Rooflines: {gpu}", f"roofline-{tag}"))
-    roofs = ", ".join(f"{k} {v:.2f} TB/s ({facts.sources.get(a, 'run environment')})" for (k, v), a in
-                      zip(facts.hbm_roofs().items(), ("peak_datasheet_tbps", "peak_bus_tbps", "read_ceiling_tbps")))
+    attr = {"datasheet peak": "peak_datasheet_tbps", "bus-derived peak": "peak_bus_tbps",
+            "measured read ceiling": "read_ceiling_tbps"}
+    roofs = ", ".join(f"{k} {v:.2f} TB/s ({facts.sources.get(attr[k], 'run environment')})"
+                      for k, v in facts.hbm_roofs().items())
     assumed = f"; SM count {facts.sources['sm_count']}" if "sm_count" in facts.sources else ""
     alu = (f"ALU pipe rate {facts.alu_rate / 1e12:.1f}e12 thread-instructions/s ({facts.alu_rate_source}){assumed}"
            if facts.alu_rate else "ALU pipe rate unknown for this GPU: no issue roofs drawn")
@@ -127,24 +130,46 @@ FAILED_NOTE = ("a record that failed the accuracy gate is a red X on the x axis 
 
 
 def _ceiling_note(page: _Page, recs: pd.DataFrame, facts) -> None:
-    """Say whether any record beats the measured read ceiling beyond both noises."""
+    """Say which run's read ceiling 3a draws, what the other runs plotted measured, and
+    whether any record beats the ceiling its own run measured beyond both noises."""
     if not facts.read_ceiling_tbps:
         return
-    spread = (f" ± {100 * facts.read_ceiling_spread / 2:.1f}%" if facts.read_ceiling_spread
+    spread = (f" ± {100 * facts.read_ceiling_spread / 2:.2f}%" if facts.read_ceiling_spread
               else "; no spread recorded: a single-kernel measurement from before the search")
+    drawn = f"{facts.read_ceiling_tbps:.2f} TB/s{spread}"
+    held = recs["run_id"].astype(str).value_counts()
+    text = (f"The read ceiling drawn ({drawn}) is the one run {facts.read_ceiling_run} measured, the run "
+            f"holding most records here of those that measured one ({int(held.get(facts.read_ceiling_run, 0))} "
+            f"of {len(recs)})." if facts.read_ceiling_run else
+            f"The read ceiling drawn: {drawn} ({facts.sources.get('read_ceiling_tbps', 'run environment')}).")
+    others = sorted((c[0], run) for run, c in facts.run_ceilings.items() if run != facts.read_ceiling_run)
+    if others:
+        listed = "; ".join(f"{v:.2f} TB/s (run {run}, {_n_records(int(held.get(run, 0)))})"
+                           for v, run in others[:8])
+        more = f"; and {len(others) - 8} more" if len(others) > 8 else ""
+        text += f" Other runs plotted here measured their own: {listed}{more}."
+    timed = recs[recs["eff_bandwidth_tbps"] > 0]
+    above = timed[timed["eff_bandwidth_tbps"] > facts.read_ceiling_tbps]
+    if len(above):
+        text += (f" {len(above)} record(s) sit above the drawn ceiling (up to {above['eff_bandwidth_tbps'].max():.2f} "
+                 "TB/s), each judged against the ceiling its own run measured.")
     over = above_ceiling(recs, facts)
     if over.empty:
         page.body.append(html.para(
-            f"No record beats the read ceiling its run measured ({facts.read_ceiling_tbps:.2f} TB/s{spread}) "
-            "by more than its own noise.", "meta"))
+            text + " No record beats the read ceiling its own run measured by more than both noises.", "meta"))
         return
     worst = over.sort_values("over_ceiling", ascending=False)
-    names = "; ".join(f"{r['backend']} b{int(r['batch'])} kv{int(r['kv_len'])}: {r['eff_bandwidth_tbps']:.2f} TB/s, "
-                      f"+{100 * r['over_ceiling']:.1f}% over {r['ceiling_tbps']:.2f}" for _, r in worst.head(6).iterrows())
+    names = "; ".join(f"{r['backend']} b{int(r['batch'])} kv{int(r['kv_len'])} (run {r['run_id']}): "
+                      f"{r['eff_bandwidth_tbps']:.2f} TB/s, +{100 * r['over_ceiling']:.1f}% "
+                      f"over {r['ceiling_tbps']:.2f}" for _, r in worst.head(6).iterrows())
     page.body.append(html.note(
-        f"{len(over)} record(s) beat the read ceiling their run measured by more than their noise, so that "
-        f"ceiling does not bound them ({spread.lstrip('; ') or 'its spread'}): {names}. "
+        f"{text} {len(over)} record(s) beat the read ceiling their own run measured by more than both noises, "
+        f"so that ceiling does not bound them: {names}. "
         "`foscar-bench ceiling` measures the searched ceiling; sweeps made since record it."))
+
+
+def _n_records(n: int) -> str:
+    return f"{n} record" + ("" if n == 1 else "s")
 
 
 def _accuracy_section(page: _Page, records: pd.DataFrame) -> None:

@@ -30,8 +30,9 @@ class Results:
 
     records: pd.DataFrame
     runs: pd.DataFrame
-    db: str = ""
+    db: str = ""  # what pages print: a path, several joined by ', ', or the bundled one's label
     notes: list[str] = field(default_factory=list)
+    dbs: list[str] = field(default_factory=list)  # each store read, as `db` names one (empty: `db`)
 
     def env(self, run_id: str) -> dict:
         row = self.runs[self.runs["run_id"] == run_id]
@@ -59,7 +60,7 @@ def normalise_records(df: pd.DataFrame) -> pd.DataFrame:
         df[col] = pd.to_numeric(df[col], errors="coerce") if col in df else float("nan")
     for col in ("run_id", "case_key", "backend", "family", "k_mode", "v_mode", "model",
                 "gpu_name", "status", "reason", "l2_policy", "started_at", "git_sha",
-                "created_at", "throttled"):
+                "created_at", "throttled", "git_dirty"):
         if col not in df:
             df[col] = None
     df["gpu_name"] = df["gpu_name"].fillna("unknown GPU")
@@ -112,7 +113,7 @@ def open_stores(dbs: list[str | Path]) -> Results:
     records = pd.concat([p.records for p in parts], ignore_index=True)
     runs = pd.concat([p.runs for p in parts], ignore_index=True).drop_duplicates("run_id")
     records = records.drop_duplicates(["run_id", "case_key", "backend", "created_at"])
-    return Results(records=records, runs=runs, db=", ".join(p.db for p in parts))
+    return Results(records=records, runs=runs, db=", ".join(p.db for p in parts), dbs=[p.db for p in parts])
 
 
 def open_bundled() -> Results:
@@ -150,7 +151,7 @@ def select_runs(results: Results, names: list[str] | None) -> Results:
     else:
         keep = [runs.sort_values("started_at")["run_id"].iloc[-1]]
     recs = results.records[results.records["run_id"].isin(keep)]
-    return Results(recs, runs[runs["run_id"].isin(keep)], results.db, list(results.notes))
+    return Results(recs, runs[runs["run_id"].isin(keep)], results.db, list(results.notes), list(results.dbs))
 
 
 def resolve(results: Results, name: str) -> list[str]:

@@ -42,6 +42,13 @@ def num(value, fmt: str = "{:.3g}", qualifier: str = "") -> str:
     return (qualifier + " " if qualifier else "") + fmt.format(value)
 
 
+def commit(sha, dirty=None) -> str:
+    """A record's commit, short, '+dirty' when its tree was ('unknown' without one)."""
+    if not isinstance(sha, str) or not sha:
+        return "unknown"
+    return sha[:8] + ("+dirty" if dirty in (1, True, "1") else "")
+
+
 def fmt_label(row) -> str:
     if row.get("k_mode") in (None, "none") or pd.isna(row.get("k_mode")):
         return ""
@@ -65,8 +72,12 @@ def bandwidth_table(records: pd.DataFrame) -> Table:
     for _, r in paper.load().query("table == 'bandwidth' and backend == ''").drop_duplicates("kernel").iterrows():
         rows.append(_bandwidth_row("", None, paper_kernel=r["kernel"]))
     frame = pd.DataFrame(rows)
-    frame = frame.sort_values(["measured", "order", "gpu_name"], ascending=[False, True, True]).drop(
-        columns=["order", "measured"])
+    frame = frame.sort_values(["measured", "order", "gpu_name"], ascending=[False, True, True])
+    # rows of ours from several commits (or runs of one) say where each was measured
+    measured = frame[frame["measured"]]
+    where = ("commit" if measured["commit"].nunique() > 1 else
+             "run" if measured["run_id"].nunique() > 1 else None)
+    frame = frame.drop(columns=["order", "measured"])
     notes = []
     if head.empty:
         notes.append(
@@ -74,7 +85,7 @@ def bandwidth_table(records: pd.DataFrame) -> Table:
             "only the paper's and reference values are shown (run the `paper` preset)."
         )
     return Table("bandwidth", "Fraction of peak HBM bandwidth at batch 128, KV 32K", frame,
-                 _bandwidth_display(frame), notes=notes)
+                 _bandwidth_display(frame, where), notes=notes)
 
 
 def _bandwidth_row(backend: str, r, paper_kernel: str = "") -> dict:
@@ -99,6 +110,8 @@ def _bandwidth_row(backend: str, r, paper_kernel: str = "") -> dict:
         "bits": get("bits"),
         "format": fmt_label(r) if r is not None else "",
         "status": get("status") if r is not None else "not in the selected runs",
+        "run_id": get("run_id") if r is not None else "",
+        "commit": commit(get("git_sha"), r.get("git_dirty")) if r is not None else "",
         "median_us": get("median_us"),
         "eff_bandwidth_tbps": get("eff_bandwidth_tbps"),
         "frac_peak_bus": get("frac_peak_bus"),
@@ -111,7 +124,9 @@ def _bandwidth_row(backend: str, r, paper_kernel: str = "") -> dict:
     }
 
 
-def _bandwidth_display(frame: pd.DataFrame) -> pd.DataFrame:
+def _bandwidth_display(frame: pd.DataFrame, where: str | None = None) -> pd.DataFrame:
+    """The page's table; `where` ('commit' or 'run'): a column saying where each measured row
+    comes from, when they come from more than one."""
     if frame.empty:
         return frame
     out = pd.DataFrame({
@@ -119,6 +134,7 @@ def _bandwidth_display(frame: pd.DataFrame) -> pd.DataFrame:
         "kernel": frame["kernel"],
         "bits": [num(b, "{:.0f}") for b in frame["bits"]],
         "format": frame["format"],
+        **({where: frame["commit" if where == "commit" else "run_id"]} if where else {}),
         "status": frame["status"],
         "time (ms)": [num(v / 1000 if v == v and v is not None else None, "{:.3f}") for v in frame["median_us"]],
         "eff. bandwidth (TB/s)": [num(v, "{:.2f}") for v in frame["eff_bandwidth_tbps"]],
@@ -133,44 +149,57 @@ def _bandwidth_display(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+OURS_FORMAT = ["k_mode", "v_mode", "group_size"]
+RECORD_OF = ["run_id", "git_sha", "git_dirty"]  # where a record of ours was measured
+
+
 def case_speedups(records: pd.DataFrame) -> pd.DataFrame:
-    """Per case: our kernel's time against each baseline's on the same shape and GPU.
+    """Per case: our kernel's time, in one K/V format, against each baseline's on the same
+    shape and GPU.
 
     Our records count when they passed; a baseline's when it carries a time, `inaccurate`
     ones too (a third party timed although its check failed), flagged in `over_inaccurate`.
     A baseline that ran one shape in several formats (e.g. two K/V modes) contributes the
-    median of its times for that shape.
+    median of its times for that shape; each format of ours is a case of its own.
     """
     ok = catalog.timed(records)
     ours = ok[[catalog.is_ours(b, f) and st == "passed" for b, f, st in zip(ok["backend"], ok["family"], ok["status"])]]
     base = ok[[catalog.is_baseline(b, f) for b, f in zip(ok["backend"], ok["family"])]]
     if ours.empty or base.empty:
-        return pd.DataFrame(columns=[*SHAPE, "backend", "over", "ours_us", "over_us", "speedup", "over_inaccurate"])
+        return pd.DataFrame(columns=[*SHAPE, "backend", *OURS_FORMAT, *RECORD_OF, "over", "ours_us", "over_us",
+                                     "speedup", "over_inaccurate"])
     base = base.assign(over_inaccurate=base["status"] == "inaccurate")
     base_t = base.groupby([*SHAPE, "backend"], as_index=False).agg(
         median_us=("median_us", "median"), over_inaccurate=("over_inaccurate", "any"))
     base_t = base_t.rename(columns={"backend": "over", "median_us": "over_us"})
-    pairs = ours[[*SHAPE, "backend", "k_mode", "v_mode", "group_size", "median_us"]].merge(base_t, on=SHAPE)
+    pairs = ours[[*SHAPE, "backend", *OURS_FORMAT, *RECORD_OF, "median_us"]].merge(base_t, on=SHAPE)
     pairs = pairs.rename(columns={"median_us": "ours_us"})
     pairs["speedup"] = pairs["over_us"] / pairs["ours_us"]
     return pairs
 
 
 def speedup_table(records: pd.DataFrame) -> Table:
-    """Table 2: geometric-mean speedup of each of our kernels over each baseline."""
+    """Table 2: geometric-mean speedup of each of our kernels, per K/V format, over each
+    baseline: one row per (GPU, kernel, format, baseline), each over that format's own cases
+    (as suite.readfloor.speedup_bounds groups them), naming the commits ours ran at."""
     pairs = case_speedups(records)
     rows = []
-    for (gpu, ours, over), g in pairs.groupby(["gpu_name", "backend", "over"]):
+    keys = ["gpu_name", "backend", *OURS_FORMAT, "over"]
+    for (gpu, ours, k_mode, v_mode, group, over), g in pairs.groupby(keys, dropna=False):
         h100 = paper.lookup("paper", "speedup", "speedup_geomean", ours, "H100", over)
         b200 = paper.lookup("paper", "speedup", "speedup_geomean", ours, "B200", over)
         target = paper.lookup("targets", "speedup", "speedup_geomean", ours, None, over)
         rows.append({
-            "gpu_name": gpu, "kernel": ours, "over": over, "n_cases": len(g),
+            "gpu_name": gpu, "kernel": ours,
+            "format": fmt_label({"k_mode": k_mode, "v_mode": v_mode, "group_size": group}),
+            "over": over, "n_cases": len(g),
             "n_over_inaccurate": int(g["over_inaccurate"].sum()),
             "geomean_speedup": float(np.exp(np.log(g["speedup"]).mean())),
             "min_speedup": g["speedup"].min(), "max_speedup": g["speedup"].max(),
             "batches": ",".join(str(int(b)) for b in sorted(g["batch"].unique())),
             "kv_lens": ",".join(str(int(k)) for k in sorted(g["kv_len"].unique())),
+            "ours_commits": ",".join(sorted({commit(s, d) for s, d in zip(g["git_sha"], g["git_dirty"])})),
+            "ours_runs": ",".join(sorted({str(r) for r in g["run_id"]})),
             "paper_h100": h100[0], "paper_h100_qualifier": h100[1],
             "paper_b200": b200[0], "paper_b200_qualifier": b200[1],
             "target": target[0], "target_qualifier": target[1],
@@ -181,11 +210,13 @@ def speedup_table(records: pd.DataFrame) -> Table:
         notes.append("No case where one of our kernels and a baseline both passed on the same "
                      "shape and GPU: no speedups to show.")
         return Table("speedups", "Geometric-mean speedups", frame, frame, notes=notes)
-    frame = frame.sort_values(["gpu_name", "kernel", "over"],
-                              key=lambda s: s.map(lambda v: catalog.sort_key(v)) if s.name != "gpu_name" else s)
+    frame = frame.sort_values(["gpu_name", "kernel", "format", "over"],
+                              key=lambda s: s.map(lambda v: catalog.sort_key(v)) if s.name in ("kernel", "over") else s)
     display = pd.DataFrame({
         "GPU": frame["gpu_name"],
         "ours": frame["kernel"].map(catalog.label),
+        "format": frame["format"],
+        "ours at commit": frame["ours_commits"].str.replace(",", ", "),
         "over": frame["over"].map(catalog.label),
         "cases": frame["n_cases"],
         "of which over an inaccurate baseline": frame["n_over_inaccurate"],
@@ -195,7 +226,7 @@ def speedup_table(records: pd.DataFrame) -> Table:
         "paper B200": [num(v, "{:.2f}x", q) for v, q in zip(frame["paper_b200"], frame["paper_b200_qualifier"])],
         "target (targets, H200 grid)": [num(v, "{:.1f}x", q) for v, q in zip(frame["target"], frame["target_qualifier"])],
     })
-    return Table("speedups", "Geometric-mean speedups of our kernels", frame, display, notes=notes)
+    return Table("speedups", "Geometric-mean speedups of our kernels, per K/V format", frame, display, notes=notes)
 
 
 def accuracy_table(records: pd.DataFrame) -> Table:

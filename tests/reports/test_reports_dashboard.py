@@ -61,3 +61,44 @@ def test_dashboard_of_one_commit_and_of_nothing_say_so(tmp_path):
     assert "need two or more" in one and "<img" in one
     none = build_dashboard(from_frames(recs.iloc[0:0]), tmp_path / "none").read_text()
     assert "no records" in none
+
+
+def _rec(sha, day, batch, median, status="passed", k_mode="channel"):
+    return {"run_id": f"r-{sha}", "case_key": f"b{batch}-k{k_mode[0]}", "backend": "foscar-int4", "status": status,
+            "gpu_name": "G", "batch": batch, "kv_len": 4096, "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+            "bits": 4, "k_mode": k_mode, "v_mode": "token", "group_size": 128, "page_size": 64,
+            "median_us": median if status == "passed" else None, "p10_us": median * 0.995, "p90_us": median * 1.005,
+            "n_samples": 200, "bytes": 1e6, "eff_bandwidth_tbps": 1e6 / (median * 1e-6) / 1e12,
+            "started_at": f"2025-01-0{day}T00:00:00+00:00", "git_sha": sha}
+
+
+def test_steps_pair_each_series_with_its_own_previous_measurement():
+    # batch 8 is measured at the first and third commits only: its 20% slowdown and batch 1's lost
+    # passing case are judged across the middle commit, not read as gone then new
+    recs = pd.DataFrame([_rec("aaaa1111", 1, 8, 10.0), _rec("aaaa1111", 1, 1, 5.0),
+                         _rec("bbbb2222", 2, 128, 50.0),
+                         _rec("cccc3333", 3, 8, 12.0), _rec("cccc3333", 3, 1, 5.0, status="incorrect")])
+    results = from_frames(recs)
+    st = steps(per_point(results.records, results.runs), 0.02)
+    got = sorted(zip(st["batch"], st["from"], st["to"], st["verdict"]))
+    assert got == [(1, "aaaa1111", "cccc3333", "now incorrect"), (8, "aaaa1111", "cccc3333", noise.SLOWER),
+                   # batch 128, measured at the middle commit alone: new there, gone at the next
+                   (128, "aaaa1111", "bbbb2222", "new"), (128, "bbbb2222", "cccc3333", "gone")]
+
+
+def test_triangles_mark_only_the_format_that_changed():
+    # two K formats of one backend at one shape, only channel-K 10% slower: one triangle per panel,
+    # on the channel-K line
+    from reports.dashboard import series_figure
+
+    recs = pd.DataFrame([_rec("aaaa1111", 1, 8, 10.0), _rec("aaaa1111", 1, 8, 8.0, k_mode="token"),
+                         _rec("bbbb2222", 2, 8, 11.0), _rec("bbbb2222", 2, 8, 8.0, k_mode="token")])
+    results = from_frames(recs)
+    pp = per_point(results.records, results.runs)
+    st = steps(pp, 0.02)
+    fig = series_figure(pp, st, ["aaaa1111", "bbbb2222"], "t")
+    marks = [(i, c.get_offsets().tolist()) for i, ax in enumerate(fig.axes[:3]) for c in ax.collections
+             if c.get_sizes().tolist() == [70]]
+    assert [i for i, _ in marks] == [0, 1, 2]
+    time_panel = dict(marks)[0]
+    assert time_panel == [[1.0, 11.0]]

@@ -115,3 +115,23 @@ def test_the_section_survives_an_unreadable_store(tmp_path, monkeypatch):
     page = _Page(tmp_path)
     e2e.section(page, source.Results(pd.DataFrame(), pd.DataFrame(), db="x"))
     assert any("could not be read (RuntimeError: bad table)" in part for part in page.body)
+
+
+def test_several_stores_read_each_ones_e2e_tables(fixture_store, tmp_path):
+    # two sweep stores, the second also holding e2e runs: the section reads its e2e tables (they
+    # were looked for in one file named "first, second" and the section said there were none)
+    import shutil
+
+    db, _, head = fixture_store
+    with_e2e = tmp_path / "with_e2e.sqlite"
+    shutil.copyfile(db, with_e2e)
+    fill(with_e2e)
+    both = source.open_stores([db, with_e2e])
+    alone = e2e.load(source.open_store(with_e2e))
+    assert len(alone) > 0 and len(e2e.load(both)) == len(alone)
+    assert both.dbs == [str(db), str(with_e2e)] and source.select_runs(both, [head]).dbs == both.dbs
+    assert len(e2e.load(source.open_stores([with_e2e, with_e2e]))) == len(alone)  # a run in two counts once
+    result = CliRunner().invoke(app, ["report", "--db", str(db), "--db", str(with_e2e), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "o" / "index.html").read_text()
+    assert e2e.EMPTY not in page and 'src="e2e_throughput.png"' in page

@@ -48,3 +48,29 @@ def test_paper_file_names_its_sources_and_holds_section_6():
     assert paper.lookup("paper", "speedup", "speedup_geomean", "foscar-int2", "H100", "trtllm-nvfp4")[1] == "n/a"
     grid = df[df["source_id"] == "h200-grid"]
     assert len(grid) == 16 * 2 * 2
+
+
+def _env(ceiling, spread=None):
+    gpu = {**ENV["gpus"][0], "read_ceiling_tbps": ceiling}
+    if spread is not None:
+        gpu["spread"] = spread
+    return {**ENV, "gpus": [gpu]}
+
+
+def test_read_ceiling_and_spread_come_from_one_run():
+    # an old single-kernel ceiling (no spread) listed first, a searched one with its spread, and the
+    # newest searched one in the run holding most records: the roof and its spread are that run's
+    recs = pd.concat([_records(1).assign(run_id="old", started_at="2026-01-01"),
+                      _records(1).assign(run_id="mid", started_at="2026-01-02"),
+                      _records(3).assign(run_id="new", started_at="2026-01-03")], ignore_index=True)
+    envs = {"old": _env(4.08), "mid": _env(4.61, 0.0006), "new": _env(4.71, 0.0004)}
+    unnamed = gpu_facts("NVIDIA H200", list(envs.values()), recs)  # a list, oldest first: the last
+    assert (unnamed.read_ceiling_tbps, unnamed.read_ceiling_spread) == (4.71, 0.0004)  # was (4.08, 0.0006)
+    f = gpu_facts("NVIDIA H200", envs, recs)
+    assert (f.read_ceiling_tbps, f.read_ceiling_spread) == (4.71, 0.0004) and f.read_ceiling_run == "new"
+    assert "run new" in f.sources["read_ceiling_tbps"]
+    assert f.run_ceilings == {"old": (4.08, None), "mid": (4.61, 0.0006), "new": (4.71, 0.0004)}
+    # one record in each of two runs: the newer run's ceiling, whatever order the runs come in
+    tie = recs[recs["run_id"] != "new"]
+    f = gpu_facts("NVIDIA H200", {"mid": envs["mid"], "old": envs["old"]}, tie)
+    assert (f.read_ceiling_tbps, f.read_ceiling_spread) == (4.61, 0.0006) and f.read_ceiling_run == "mid"

@@ -5,6 +5,7 @@ files that exist."""
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from pathlib import Path
 
@@ -161,3 +162,40 @@ def test_bundled_report_cites_only_files_that_exist(rendered_bundled):
     for stem in ("scaling_kv_len_nvidia-h200", "scaling_batch_nvidia-h200", "roofline_classic_nvidia-h200"):
         assert f'src="{stem}.png"' in html
     assert "failed_gate.csv" in html
+
+
+def _ceiling_env(ceiling, spread=None):
+    gpu = {"name": "NVIDIA H200", "read_ceiling_tbps": ceiling, **({"spread": spread} if spread else {})}
+    return json.dumps({"gpus": [gpu]})
+
+
+def test_ceiling_note_names_the_run_whose_roof_is_drawn(tmp_path):
+    # an old run's single-kernel ceiling (4.08 TB/s) and a newer run's searched one (4.71) that
+    # holds most records, one of them at 4.49 TB/s: 3a draws 4.71, and the note says whose it is
+    from reports.report import build_report
+    from reports.source import from_frames
+
+    rows = [{**_row("flashinfer-bf16-tc", 1, 4096, median=50.0), "run_id": "old"}]
+    rows += [{**_row("flashinfer-bf16-tc", b, 131072, median=m), "run_id": "new"}
+             for b, m in ((8, 1100.0), (32, 3830.0))]  # 3.90, 4.49 TB/s
+    for r in rows:
+        r["frac_read_ceiling"] = r["eff_bandwidth_tbps"] / (4.08 if r["run_id"] == "old" else 4.71)
+    runs = pd.DataFrame([{"run_id": "old", "started_at": "2026-01-01", "git_sha": "aaaa1111",
+                          "env_json": _ceiling_env(4.08)},
+                         {"run_id": "new", "started_at": "2026-01-02", "git_sha": "bbbb2222",
+                          "env_json": _ceiling_env(4.71, 0.0004)}])
+    text = build_report(from_frames(pd.DataFrame(rows), runs), tmp_path).read_text()
+    assert "measured read ceiling 4.71 TB/s (run new" in text  # the 3a caption's roof
+    note = text.split("The read ceiling drawn")[1].split("</p>")[0]
+    assert "(4.71 TB/s ± 0.02%) is the one run new measured" in note and "(2 of 3)" in note
+    assert "4.08 TB/s (run old, 1 record)" in note
+    assert "No record beats the read ceiling its own run measured" in note
+
+
+def test_bundled_ceiling_note_is_the_drawn_runs_and_true(rendered_bundled):
+    text = rendered_bundled.read_text()
+    assert "measured read ceiling 4.71 TB/s (run grid-h200-a65701e" in text  # 3a's roof, was 4.08 TB/s
+    note = text.split("The read ceiling drawn")[1].split("</p>")[0]
+    assert note.startswith(" (4.71 TB/s ± 0.02%) is the one run grid-h200-a65701e measured")  # was 4.08 TB/s ± 0.0%
+    assert "4.08 TB/s (run 20261130-090005-b4a33e, 4 records)" in note
+    assert "sit above the drawn ceiling" not in note  # the fastest record, FlashInfer BF16 at 4.61 TB/s, is below it

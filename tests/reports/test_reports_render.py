@@ -101,3 +101,71 @@ def test_runs_are_chosen_by_id_sha_or_latest(fixture_store):
 
 def test_slug():
     assert report.slug("NVIDIA H200 (141 GB)") == "nvidia-h200-141-gb"
+
+
+def _ours_and_bf16(rows):
+    """Records of our INT2 in the (k_mode, v_mode, batch, run, sha) given, and FlashInfer BF16 at each batch."""
+    out = []
+    for k_mode, v_mode, batch, run, sha in rows:
+        out.append({"run_id": run, "case_key": f"b{batch}-k{k_mode[0]}-v{v_mode[0]}", "backend": "foscar-int2",
+                    "family": "foscar", "status": "passed", "gpu_name": "NVIDIA H200", "batch": batch,
+                    "kv_len": 32768, "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "bits": 2,
+                    "k_mode": k_mode, "v_mode": v_mode, "group_size": 128,
+                    "median_us": 100.0 if k_mode == "channel" else 50.0,
+                    "started_at": f"2026-01-0{run[-1]}", "git_sha": sha})
+    for batch in sorted({r[2] for r in rows}):
+        out.append({"run_id": "r1", "case_key": f"b{batch}-bf16", "backend": "flashinfer-bf16-tc",
+                    "family": "flashinfer", "status": "passed", "gpu_name": "NVIDIA H200", "batch": batch,
+                    "kv_len": 32768, "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "bits": 16,
+                    "k_mode": "none", "v_mode": "none", "group_size": 0, "median_us": 300.0,
+                    "started_at": "2026-01-01", "git_sha": "aaaa1111"})
+    return from_frames(pd.DataFrame(out)).records
+
+
+def test_each_format_of_ours_is_a_row_of_its_own_cases():
+    # K channel at two batches (run r1), K token at one of them only, at a later commit (r2):
+    # the token-K point is its own row, not a third case of one geo-mean
+    from reports import tables
+
+    recs = _ours_and_bf16([("channel", "token", 8, "r1", "aaaa1111"), ("channel", "token", 128, "r1", "aaaa1111"),
+                           ("token", "token", 128, "r2", "bbbb2222")])
+    table = tables.speedup_table(recs)
+    assert sorted(table.frame["n_cases"]) == [1, 2]
+    rows = table.frame.set_index("format")
+    assert list(rows.index) == ["K channel, V token, g128", "K token, V token, g128"]
+    assert rows["n_cases"].tolist() == [2, 1]
+    assert rows["geomean_speedup"].tolist() == pytest.approx([3.0, 6.0])
+    assert rows["ours_commits"].tolist() == ["aaaa1111", "bbbb2222"]
+    assert table.display["format"].tolist() == list(rows.index)
+    # section 1: our rows come from two commits, and each says which
+    band = tables.bandwidth_table(recs).display
+    ours = band[band["kernel"] == "FOSCAR INT2 (ours)"]
+    assert ours.set_index("format")["commit"].to_dict() == {
+        "K channel, V token, g128": "aaaa1111", "K token, V token, g128": "bbbb2222"}
+    one = tables.bandwidth_table(recs[recs["run_id"] == "r1"]).display
+    assert "commit" not in one and "run" not in one  # one run: no column
+
+
+def test_bundled_speedups_are_per_format_and_agree_with_the_bound(rendered_bundled):
+    # The paper point (b128/32K) was measured in three K/V formats, two of them at an older commit
+    # (paper-tokenk-h200-89c3f30); each format is a row of its own. The K-channel rows are the 16
+    # grid cases of section 2b (was one row of 18 cases: 3.15x, 2.85x and 1.92x).
+    out = rendered_bundled.parent
+    table = pd.read_csv(out / "speedups.csv")
+    bound = pd.read_csv(out / "speedup_bound.csv")
+    int2 = table[(table["kernel"] == "foscar-int2") & (table["over"] == "flashinfer-bf16-tc")]
+    assert int2["n_cases"].tolist() == [16, 1, 1]  # K channel / V token, K token / V channel, K token / V token
+    kc = table[table["format"] == "K channel, V token, g128"].set_index(["kernel", "over"])
+    for ours, over, expect in (("foscar-int2", "flashinfer-bf16-tc", 3.01), ("foscar-int4", "flashinfer-bf16-tc", 2.76),
+                               ("foscar-int2", "trtllm-xqa-fp8", 1.88)):
+        row = kc.loc[(ours, over)]
+        assert row["n_cases"] == 16 and round(row["geomean_speedup"], 2) == expect
+        b = bound[(bound["ours"] == ours) & (bound["over"] == over) & (bound["format"] == "K channel, V token, g128")]
+        # 2b reads the grid run alone; here the paper run's later b128/32K records win: same to 0.1%
+        assert row["geomean_speedup"] == pytest.approx(b["geomean_speedup"].iloc[0], rel=1e-3)
+    tk = table[table["format"] == "K token, V token, g128"]
+    assert (tk["n_cases"] == 1).all() and set(tk["ours_commits"]) == {"89c3f30"}
+    assert (table[table["over"] == "flashinfer-bf16-fa3"]["n_cases"] == 1).all()
+    text = rendered_bundled.read_text()
+    section1 = text.split('id="bandwidth"')[1].split("<h2")[0]
+    assert "<th>commit</th>" in section1 and "a65701e" in section1 and "89c3f30" in section1
