@@ -3,6 +3,8 @@ step latency, tokens/s, the attention share, capacity at a memory budget, and a 
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -109,8 +111,14 @@ def register(app: typer.Typer) -> None:
                 raise InputError(f"--steps {steps} must be at least 1.")
             if layers is not None:
                 shape = shape.with_layers(layers)
+            if budget_gb is not None and not math.isfinite(budget_gb):
+                raise InputError(f"--budget-gb {budget_gb} is not a finite number of GB; pass a positive number "
+                                 "such as 40, or leave it out for the GPU's free memory.")
             if budget_gb is not None and budget_gb <= 0:
                 raise InputError(f"--budget-gb {budget_gb} must be positive.")
+            if not (grid or capacity or check):
+                raise InputError("--no-grid, --no-capacity and --no-check together leave nothing to run; "
+                                 "drop at least one of them.")
             if cpu and shape.name != "tiny":
                 raise InputError(f"--cpu runs only --model tiny (the kernel emulator is slow); got {model!r}.")
         except (InputError, ValueError) as exc:
@@ -177,12 +185,22 @@ def _run(shape, layers, chosen, batches, kv_lens, steps, grid, capacity, check, 
         store.add(run_id, rec)
         records.append(rec)
         if json_out is not None:  # rewritten after every point: a run cut short leaves what it measured
-            json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(json.dumps({"run_id": run_id, "config": config, "records": records}, indent=1,
-                                           default=str))
+            _write_json(json_out, {"run_id": run_id, "config": config, "records": records})
         echo(f"[{i}/{len(plan)}] {_line(rec)} ({time.time() - t:.1f} s)")
     store.close()
     return records, run_id
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    """Write under a name of this process's own beside `path`, then move it into place (atomic): a
+    run killed mid-write, or a reader meanwhile, sees the previous whole file, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(payload, indent=1, default=str))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _line(rec: dict) -> str:
@@ -190,8 +208,8 @@ def _line(rec: dict) -> str:
     if rec["status"] != "passed":
         return f"{what}: {rec['status']}: {rec.get('reason', '')}"
     if rec["mode"] == "check":
-        return (f"{what}: logits rel. L2 {rec['logits_rel_error']:.2e} <= {rec['logits_tolerance']:g}, "
-                f"top-1 {100 * rec['top1_agreement']:.0f}%")
+        return (f"{what}: logits rel. L2 {rec['logits_rel_error']:.2e} <= {rec['logits_tolerance']:.3g} "
+                f"(attention a no-op: {rec['noattn_logits_rel_error']:.2e}), top-1 {100 * rec['top1_agreement']:.0f}%")
     return (f"{what}: step {rec['step_median_us'] / 1e3:.2f} ms (p10-p90 {rec['step_p10_us'] / 1e3:.2f}-"
             f"{rec['step_p90_us'] / 1e3:.2f}), {rec['tokens_per_s']:,.0f} tok/s, attention "
             f"{100 * rec['attn_share']:.0f}%")

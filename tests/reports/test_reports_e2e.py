@@ -135,3 +135,15 @@ def test_several_stores_read_each_ones_e2e_tables(fixture_store, tmp_path):
     assert result.exit_code == 0, result.output
     page = (tmp_path / "o" / "index.html").read_text()
     assert e2e.EMPTY not in page and 'src="e2e_throughput.png"' in page
+
+
+def test_the_check_table_shows_the_no_op_steps_error_and_ratios_take_no_records():
+    import json
+
+    rec = {"mode": "check", "gpu_name": "H200", "model_label": "llama3-8b", "backend": "trtllm-xqa-fp8",
+           "batch": 1, "kv_len": 4096, "logits_rel_error": 0.012, "logits_tolerance": 0.0155,
+           "top1_agreement": 1.0, "status": "passed", "reason": None,
+           "extra_json": json.dumps({"noattn_logits_rel_error": 0.062})}
+    table = e2e.check_table(pd.DataFrame([rec]))
+    assert table.loc[0, "attention a no-op: rel. L2"] == "6.20e-02" and table.loc[0, "bound"] == "0.0155"
+    assert e2e.ratios(pd.DataFrame()) == []  # a run with no capacity points: no summary line, no error

@@ -68,6 +68,42 @@ def test_check_catches_a_wrong_attention(tiny_bench, monkeypatch):
     assert rec["status"] == "incorrect" and "exceeds 0.01" in rec["reason"]
 
 
+def test_check_fails_a_kernel_that_writes_nothing_even_at_fp8s_tolerance(tiny_bench, monkeypatch):
+    """A kernel that writes nothing puts the tiny model's logits 6.7e-2 off, inside FP8's 8e-2
+    attention tolerance: it must still fail (/tmp/rev_e2e/noop_check.py)."""
+    import dataclasses
+
+    from baselines.growing import FoscarKV
+
+    monkeypatch.setattr(FoscarKV, "attend", lambda self, layer, q, out: None)
+    backend = get_backend("foscar-int4")
+    loose = dataclasses.replace(tiny_bench, logits_tolerance={backend.name: get_backend("trtllm-xqa-fp8").tolerance})
+    rec = B.check(loose, backend)
+    assert rec["logits_tolerance_abs"] == 8e-2 and rec["logits_rel_error"] < 8e-2
+    assert rec["logits_rel_error"] == pytest.approx(rec["noattn_logits_rel_error"])
+    assert rec["status"] == "incorrect" and "attention a no-op" in rec["reason"], rec.get("reason")
+
+
+def test_check_verdict_keeps_the_real_kernels_and_says_when_it_cannot_tell():
+    floor, noop = B.LOGITS_FLOOR_DEEP, 6.2e-2  # Llama-3-8B, 32 layers (/tmp/rev_e2e/sens32.log)
+    # What the H200 measured: FlashInfer BF16, INT4, INT2 at 2e-2; FP8 at its 8e-2.
+    for error, tol in ((9.7e-3, 2e-2), (9.5e-3, 2e-2), (1.02e-2, 2e-2), (1.2e-2, 8e-2)):
+        status, reason, bound = B.check_verdict(error, noop, tol, floor)
+        assert status == "passed" and reason is None and bound == pytest.approx(min(tol, noop / 4))
+    status, reason, _ = B.check_verdict(noop, noop, 8e-2, floor)  # no kernel at all
+    assert status == "incorrect" and "attention a no-op (0.062)" in reason
+    status, reason, _ = B.check_verdict(3e-2, noop, 8e-2, floor)  # within FP8's tolerance, half of no-op's
+    assert status == "incorrect"
+    status, reason, _ = B.check_verdict(9e-2, noop, 8e-2, floor)
+    assert status == "incorrect" and "exceeds 0.08" in reason
+    status, reason, _ = B.check_verdict(float("nan"), noop, 8e-2, floor, finite=False)
+    assert status == "incorrect" and "NaN/Inf" in reason
+    # Attention barely moves the logits: a quarter of the no-op's error is inside the noise.
+    status, reason, bound = B.check_verdict(1e-2, 2e-2, 2e-2, floor)
+    assert status == "error" and reason.startswith("undecided:") and bound == 5e-3
+    assert B.check_verdict(4e-3, 2e-2, 2e-2, floor)[0] == "passed"
+
+
 def test_decoder_refuses_a_cache_of_another_shape(tiny_bench):
     backend = get_backend("foscar-int4")
     case = B.make_case(model_shape("tiny").with_layers(1), backend, 1, 130)
@@ -99,21 +135,106 @@ def test_points_that_do_not_fit_or_cannot_run_are_records(tiny_bench):
     assert "flashinfer" in rec["reason"]
 
 
-def test_capacity_takes_the_largest_batch_and_backs_off_on_oom(tiny_bench, monkeypatch):
-    per_seq = B.bytes_per_seq(tiny_bench, get_backend("foscar-int4"), 130, 2)
-    calls = []
-
+def _fake_runs(limit, calls, other=None):
+    """A stand-in for measure: batches up to `limit` run, larger ones run out of memory; the batch
+    `other` (if any) ends in an error."""
     def fake_measure(bench, backend, batch, kv_len, steps, *, mode, budget_bytes):
         calls.append(batch)
-        status = "oom" if len(calls) == 1 else "passed"
-        return {"status": status, "mode": mode, "batch": batch}
+        if batch == other:
+            return {"status": "error", "mode": mode, "batch": batch, "reason": "RuntimeError: boom"}
+        if batch > limit:
+            return {"status": "oom", "mode": mode, "batch": batch,
+                    "reason": f"OutOfMemoryError: CUDA out of memory at {batch}"}
+        return {"status": "passed", "mode": mode, "batch": batch}
 
-    monkeypatch.setattr(B, "measure", fake_measure)
+    return fake_measure
+
+
+def test_capacity_takes_the_largest_batch_and_bisects_after_oom(tiny_bench, monkeypatch):
+    per_seq = B.bytes_per_seq(tiny_bench, get_backend("foscar-int4"), 130, 2)
+    calls = []
+    monkeypatch.setattr(B, "measure", _fake_runs(39, calls))
     rec = B.capacity(tiny_bench, get_backend("foscar-int4"), 130, 2, budget_bytes=40 * per_seq + 5)
-    assert calls == [40, 38]
-    assert rec["capacity_estimate"] == 40 and rec["capacity_batch"] == 38 and rec["capacity_backoffs"] == 1
+    assert calls == [40, 38, 39]
+    assert rec["capacity_estimate"] == 40 and rec["capacity_batch"] == 39 and rec["capacity_backoffs"] == 1
+    assert rec["status"] == "passed" and rec["batch"] == 39
+    assert rec["capacity_attempts"][0] == {"batch": 40, "status": "oom",
+                                           "reason": "OutOfMemoryError: CUDA out of memory at 40"}
     rec = B.capacity(tiny_bench, get_backend("foscar-int4"), 130, 2, budget_bytes=per_seq - 1)
     assert rec["status"] == "does_not_fit"
+
+
+def test_capacity_bisects_between_the_last_failure_and_the_first_fit(tiny_bench, monkeypatch):
+    """FP8's bundled runs: 469 ran out of memory and 445 (5% fewer) was kept; the most that fit
+    lies between them (here 457) and is what capacity must find."""
+    per_seq = B.bytes_per_seq(tiny_bench, get_backend("foscar-int4"), 130, 2)
+    calls = []
+    monkeypatch.setattr(B, "measure", _fake_runs(457, calls))
+    rec = B.capacity(tiny_bench, get_backend("foscar-int4"), 130, 2, budget_bytes=469 * per_seq)
+    assert calls[:2] == [469, 445] and rec["capacity_batch"] == 457 and rec["batch"] == 457
+    assert 458 in calls and len(calls) <= 2 + 5  # log2(469 - 445) more at most
+    assert [a["status"] == "oom" for a in rec["capacity_attempts"]] == [b > 457 for b in calls]
+    assert all("out of memory" in a["reason"] for a in rec["capacity_attempts"] if a["status"] == "oom")
+    # Nothing fits: five steps of 5% down, then the last failure is the record, every reason kept.
+    calls.clear()
+    monkeypatch.setattr(B, "measure", _fake_runs(0, calls))
+    rec = B.capacity(tiny_bench, get_backend("foscar-int4"), 130, 2, budget_bytes=100 * per_seq)
+    assert calls == [100, 95, 90, 85, 80, 76] and rec["status"] == "oom" and rec["capacity_batch"] == 76
+    assert len(rec["capacity_attempts"]) == 6
+    # An error mid-search ends it: the largest batch that ran stands, the error is in the attempts.
+    calls.clear()
+    monkeypatch.setattr(B, "measure", _fake_runs(457, calls, other=457))
+    rec = B.capacity(tiny_bench, get_backend("foscar-int4"), 130, 2, budget_bytes=469 * per_seq)
+    assert rec["status"] == "passed" and rec["capacity_batch"] == max(b for b in calls if b < 457)
+    assert rec["capacity_attempts"][-1] == {"batch": 457, "status": "error", "reason": "RuntimeError: boom"}
+
+
+def test_next_capacity_batch():
+    assert B.next_capacity_batch(None, None, 0) is None
+    assert B.next_capacity_batch(40, None, 0) is None  # the estimate ran
+    assert B.next_capacity_batch(None, 469, 1) == 445
+    assert B.next_capacity_batch(None, 14, 1) == 13 and B.next_capacity_batch(None, 1, 1) is None
+    assert B.next_capacity_batch(None, 76, B.OOM_RETRIES + 1) is None
+    assert B.next_capacity_batch(445, 469, 1) == 457 and B.next_capacity_batch(457, 458, 3) is None
+
+
+def test_fp8_prefix_is_quantized_in_chunks_into_the_pages():
+    """XqaKV fills its pages with fp8_quantize's bytes and scale, a chunk at a time (no copy of the
+    source's size), whole sequences or runs of tokens."""
+    from baselines._paging import fp8_quantize
+    from baselines.growing import _fp8_quantize_into
+
+    x = (torch.randn(3, 50, 2, 8, generator=torch.Generator().manual_seed(0)) * 3).bfloat16()
+    want, scale = fp8_quantize(x)
+    for limit in (1 << 26, 2 * 50 * 16, 50 * 16, 16 * 7, 1):
+        pages = torch.zeros(3, 64, 2, 8, dtype=torch.float8_e4m3fn)
+        assert _fp8_quantize_into(pages[:, :50], x, limit) == scale
+        assert torch.equal(pages[:, :50].view(torch.uint8), want.view(torch.uint8))
+        assert not pages[:, 50:].view(torch.uint8).any()
+    assert _fp8_quantize_into(torch.zeros(0, 50, 2, 8, dtype=torch.float8_e4m3fn), x[:0]) == 1.0
+
+
+def test_released_source_goes_back_to_the_driver(monkeypatch):
+    """Freed but cached, the BF16 source's blocks would each hold one FP8 layer copy and strand
+    the rest: the growing cache empties the allocator's cache once it lets the source go."""
+    from types import SimpleNamespace
+
+    from baselines.growing import GrowingKV
+
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+
+    class Fake(GrowingKV):
+        def __init__(self, device, release_source=True):
+            self.device, self.release_source = device, release_source
+
+    source = SimpleNamespace(k=torch.zeros(1), v=torch.zeros(1))
+    Fake(torch.device("cuda", 0))._consumed(source)
+    assert source.k is None and source.v is None and emptied == [True]
+    Fake(CPU)._consumed(SimpleNamespace(k=1, v=1))
+    kept = SimpleNamespace(k=1, v=1)
+    Fake(torch.device("cuda", 0), release_source=False)._consumed(kept)
+    assert emptied == [True] and kept.k == 1
 
 
 # --- the store ---------------------------------------------------------------------------------
@@ -180,6 +301,9 @@ def test_merge_after_a_partial_copy_of_a_run_adds_what_it_missed(tmp_path):
     (["--model", "llama3-70b", "--layers", "81"], "--layers 81 is out of range"),
     (["--steps", "0"], "--steps 0 must be at least 1."),
     (["--budget-gb", "0"], "--budget-gb 0.0 must be positive."),
+    (["--budget-gb", "nan"], "--budget-gb nan is not a finite number of GB"),
+    (["--budget-gb", "inf"], "--budget-gb inf is not a finite number of GB"),
+    (["--no-grid", "--no-capacity", "--no-check"], "--no-grid, --no-capacity and --no-check together leave nothing"),
     (["--cpu"], "--cpu runs only --model tiny"),
 ])
 def test_bad_input_is_one_line(args, message, tmp_path):
@@ -197,15 +321,26 @@ def test_without_a_gpu_it_says_so(tmp_path, monkeypatch):
 
 
 def test_cpu_run_writes_store_and_json(tmp_path, monkeypatch):
+    import os
+
     monkeypatch.setattr(B, "FLUSH_SAMPLES", 1)
     monkeypatch.setattr(B, "WARMUP_STEPS", 0)
     db, out = tmp_path / "e2e.sqlite", tmp_path / "out" / "e2e.json"
+    moved, replace = [], os.replace
+
+    def spy(src, dst):  # --json is written beside itself and moved into place, never rewritten in place
+        assert os.path.dirname(src) == os.path.dirname(dst) and os.path.isfile(src)
+        moved.append(dst)
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
     result = CliRunner().invoke(app, [
         "e2e", "--cpu", "--model", "tiny", "-b", "foscar-int4", "--batch", "1", "--kv-len", "130",
         "--steps", "1", "--no-check", "--budget-gb", "0.001", "--db", str(db), "--json", str(out)])
     assert result.exit_code == 0, result.output
     records = json.loads(out.read_text())["records"]
     assert [r["mode"] for r in records] == ["capacity", "grid"]
+    assert moved == [out, out] and sorted(p.name for p in out.parent.iterdir()) == ["e2e.json"]
     assert all(r["status"] == "passed" for r in records), records
     assert "[1/2] capacity foscar-int4" in result.output and "tok/s" in result.output
     assert "decode-only and synthetic" in result.output

@@ -32,7 +32,11 @@ def _backend(name, bench):
 @pytest.mark.parametrize("name", BACKENDS)
 def test_captured_step_matches_float64_attention(gpu_bench, name, prefix):
     rec = B.check(gpu_bench, _backend(name, gpu_bench), prefix_len=prefix)
-    assert rec["status"] == "passed", rec.get("reason")
+    # Two layers: attention may move the logits too little for the check to tell (B.check_verdict's
+    # "undecided"); the step must then still sit within a correct step's noise.
+    undecided = rec["status"] == "error" and rec.get("check_undecided")
+    assert rec["status"] == "passed" or undecided, rec.get("reason")
+    assert rec["logits_rel_error"] <= rec["logits_floor"] or rec["status"] == "passed", rec.get("reason")
     assert rec["top1_agreement"] >= 2 / 3
 
 
