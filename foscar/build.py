@@ -195,12 +195,32 @@ def _demangle(name: str) -> str:
     return res.stdout.strip() or name
 
 
+_KNOB_USE = re.compile(r"^\s*#\s*(?:if|ifdef|ifndef|elif)\b.*$", re.M)
+
+
+def known_knobs() -> set[str]:
+    """The FOSCAR_* names the kernel sources test in a preprocessor conditional: what a define
+    can change."""
+    names: set[str] = set()
+    for path in sorted(CSRC.iterdir()):
+        if path.suffix in (".cu", ".cuh", ".h", ".cpp"):
+            for line in _KNOB_USE.findall(path.read_text()):
+                names.update(n for n in re.findall(r"\bFOSCAR_[A-Z0-9_]+\b", line) if not n.endswith("_H_"))
+    return names
+
+
 def check_defines(defines: Sequence[str]) -> list[str]:
-    """Kernel build knobs (`-DNAME=VALUE`, see foscar_decode.cuh), for experiments."""
-    out = []
+    """Kernel build knobs (`-DNAME=VALUE`, see foscar_decode.cuh), for experiments; a name the
+    sources never test is refused (it would build the default kernels under another key)."""
+    out, known = [], None
     for d in defines:
         if not re.fullmatch(r"-DFOSCAR_[A-Z0-9_]+(=[A-Za-z0-9_]+)?", d):
             raise BuildError(f"define {d!r} is not a kernel knob; expected -DFOSCAR_NAME=VALUE.")
+        known = known_knobs() if known is None else known
+        name = d[2:].split("=", 1)[0]
+        if name not in known:
+            raise BuildError(f"define {d!r}: the kernel sources never test {name}, so it would change nothing; "
+                             f"expected one of {', '.join(sorted(known))}.")
         out.append(d)
     return out
 

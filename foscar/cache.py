@@ -214,7 +214,8 @@ def _fill_pages(cache: QuantizedKVCache, k: torch.Tensor, v: torch.Tensor, packe
         slot = torch.zeros_like(phys)
         for kind, src in (("k", k), ("v", v)):  # one at a time: half the temporaries
             x = src[b[:, None], tok].float()
-            # Zeroed padding rows quantize to code 0 with (scale, offset) = (0, 0), as FORMAT.md asks.
+            # Zeroed padding rows quantize to code 0 with (scale, offset) = (1, 0), as FORMAT.md asks
+            # (a constant group stores scale 1: no scale is 0).
             x.masked_fill_(~valid[:, :, None, None], 0.0)
             _store(cache, kind, phys, slot, x)
 

@@ -209,7 +209,9 @@ def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
         s_v, z_v = _params(view.v_params[:, h], cfg.v_mode, cfg.group_size, n, dim)
         qh = q[seq, h * ratio : (h + 1) * ratio].double().numpy()  # [r, d]
         scores = qh @ k.T / math.sqrt(dim)  # [r, n]
-        p = np.exp(scores - scores.max())  # [r, n]
+        # Each query head against its own maximum, as the kernels' softmax keeps one per column
+        # (a head whose scores sit below another's keeps its own p, not one flushed toward zero).
+        p = np.exp(scores - scores.max(axis=1, keepdims=True))  # [r, n]
         v = codes * s_v + z_v
         ref = (p @ v) / p.sum(axis=1, keepdims=True)
         rnd = _bf16 if arith.dtype == "bf16" else _fp16

@@ -58,8 +58,10 @@ def folded_attention_f64(
     Reads the packed words through the extraction schedule (K: fp16 1024 + f*c, V: fp16
     f*c*2^-24), folds scale, offset, radix factor and the bias per FOSCAR.md section 3 for the
     cache's (k_mode, v_mode), and attends the BF16 tail exactly. round_operands=True rounds the
-    folded MMA operands to the kernels' types (q/f and q*s/f to fp16, p and p*s to bf16), or
-    pass a dtype to round every operand to that; the default False keeps them exact.
+    folded MMA operands to the fp16 operand types of packing.OPERANDS (q/f and q*s/f, p and
+    p*s), or pass a dtype to round every operand to that; the default False keeps them exact.
+    This is the fp16-operand form of the folds; the kernels' int8 K operands against a 15-bit
+    Q~ are modelled by foscar.precision, not here.
     Returns float64 [batch, num_q_heads, head_dim].
     """
     cfg = cache.config

@@ -34,12 +34,13 @@ class MmaModel:
 
     extra_bits: bits kept past fp32's 24-bit significand, counted from the alignment point.
     lead: the exponent a product is aligned by: "operands" is e_a + e_b (the product's
-        exponent before normalisation, so a product whose significands multiply to 2 or more
-        keeps one bit fewer), "product" its true leading exponent.
+        exponent before normalisation, so a product whose significands multiply to 2 or more,
+        leading at e_a + e_b + 1, keeps one bit more), "product" its true leading exponent.
     rounding: how the exact sum of the cut addends becomes fp32 ("rz": towards zero,
         "rne": to nearest even).
     subnormal_lead: None, an operand's exponent is its leading bit's; n, an operand below 2^n
-        (an fp16 subnormal, n = -14) counts as 2^n: its exponent field, not normalised.
+        (an fp16 subnormal, n = -14) counts as 2^n: its exponent field, not normalised. Only
+        with lead="operands" (a product's own leading exponent knows no operand fields).
     The accumulator c is aligned together with the K products, by its own exponent.
     """
 
@@ -53,6 +54,9 @@ class MmaModel:
             raise ValueError(f"rounding={self.rounding!r}; expected one of {ROUNDINGS}")
         if self.lead not in LEADS:
             raise ValueError(f"lead={self.lead!r}; expected one of {LEADS}")
+        if self.subnormal_lead is not None and self.lead != "operands":
+            raise ValueError(f"subnormal_lead={self.subnormal_lead} with lead={self.lead!r}: an operand's exponent "
+                             "field only enters the alignment with lead='operands'; pass subnormal_lead=None.")
 
     @property
     def name(self) -> str:
@@ -129,7 +133,7 @@ def mma_chain(model: MmaModel, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> n
 def candidates() -> list[MmaModel]:
     """The family members the probe's data is fitted against."""
     return [MmaModel(extra_bits=e, lead=lead, rounding=rnd, subnormal_lead=sub) for e in range(0, 7) for lead in LEADS
-            for rnd in ROUNDINGS for sub in (None, -14)]
+            for rnd in ROUNDINGS for sub in ((None, -14) if lead == "operands" else (None,))]
 
 
 # What scripts/probe_tc.py measured on the H200 (docs/PERFORMANCE.md, "the Tensor Cores'

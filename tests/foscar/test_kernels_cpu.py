@@ -221,6 +221,17 @@ def test_a_build_writes_its_files_under_names_of_its_own_then_moves_them(monkeyp
     assert not list(result.so_path.parent.glob("*.tmp"))
 
 
+def test_a_define_the_kernel_sources_never_test_is_refused():
+    # A knob deleted from the sources (v3's FOSCAR_KF16_HIGH) would build the default kernels
+    # under another cache key and be measured as if it were a variant.
+    assert {"FOSCAR_PV_SPLIT", "FOSCAR_TIMELINE", "FOSCAR_CTAS_INT4"} <= build.known_knobs()
+    assert build.check_defines(["-DFOSCAR_PV_SPLIT=1"]) == ["-DFOSCAR_PV_SPLIT=1"]
+    with pytest.raises(build.BuildError, match="never test FOSCAR_KF16_HIGH"):
+        build.check_defines(["-DFOSCAR_KF16_HIGH=1"])
+    with pytest.raises(build.BuildError, match="not a kernel knob"):
+        build.check_defines(["-DPV_SPLIT=1"])
+
+
 def test_decode_kernel_names_parse_to_their_template_arguments():
     name = "void foscar::foscar_decode_kernel<2, 64, true, false, true, 2>(foscar::DecodeParams)"
     assert build.decode_template_args(name) == (2, 64, 1, 0, 1, 2)

@@ -74,24 +74,6 @@ def test_operand_bits_round_trip():
         assert np.allclose(back, values, rtol=2**-7, atol=1e-7)
 
 
-def test_a_paired_items_chained_pv_equals_each_heads_own_product():
-    # v8's paired items chain one k-step per KV head into one accumulator, B = P^T kept to that
-    # head's columns (zero in the other's): under the H200's accumulation each column must come
-    # out as its own head's product from zero, bit for bit (the other step adds exact zeros).
-    rng = np.random.default_rng(7)
-    tiles, m, k, n = 64, 16, 16, 8
-    codes = rng.integers(0, 16, size=(tiles, 2, m, k))
-    a = tcmodel.operand_values(tcmodel.operand_bits(1024.0 + 16.0 * codes, "fp16"), "fp16")  # inject_v
-    p = tcmodel.operand_values(tcmodel.operand_bits(rng.random((tiles, 2, k, n)), "fp16"), "fp16")
-    head_of_column = np.arange(n) // 4  # 4 query heads per KV head: columns 0-3, 4-7
-    b = np.where(head_of_column[None, None, None, :] == np.arange(2)[None, :, None, None], p, 0.0)
-    chained = tcmodel.mma_chain(tcmodel.H200_MMA, a, b, np.zeros((tiles, m, n)))
-    for head in range(2):
-        own = tcmodel.mma(tcmodel.H200_MMA, a[:, head], p[:, head], np.zeros((tiles, m, n)))
-        cols = head_of_column == head
-        np.testing.assert_array_equal(chained[..., cols], own[..., cols])
-
-
 def test_fp16_subnormals_are_aligned_by_their_exponent_field():
     """A subnormal fp16 operand counts as 2^-14 when the products are aligned (the V operands
     since v23): the normalised model keeps bits that the H200 cuts."""
