@@ -10,6 +10,7 @@ happen in `prepare` and are never timed.
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -25,6 +26,11 @@ BACKEND_MODULES = (
     "baselines.bitdecoding",
     "baselines.foscar",
 )
+
+
+# A quantized format's page holds whole groups and whole 64-token blocks of V codes
+# (foscar.config.QuantConfig); `Backend.case_for` rounds a swept page up to both.
+PAGE_ALIGN = 64
 
 
 class Unsupported(Exception):
@@ -110,10 +116,11 @@ class Backend:
         if self.quantized:
             if case.k_mode == "none" or (self.bits and case.bits != self.bits):
                 return None
-            if case.page_size % case.group_size:
-                # Our formats need whole groups in a page: the smallest page that holds them.
-                page = case.group_size * -(-case.page_size // case.group_size)
-                return case.with_(page_size=page)
+            align = math.lcm(case.group_size, PAGE_ALIGN) if case.group_size > 0 else 0
+            if align and case.page_size % align:
+                # Our formats need whole groups and whole 64-token blocks of V codes in a page:
+                # the smallest page that holds both.
+                return case.with_(page_size=align * -(-case.page_size // align))
             return case
         if self.bits < 8 and case.k_mode != "none" and case.bits != self.bits:
             return None  # a low-bit float format (NVFP4) pairs with the int sweeps of its width

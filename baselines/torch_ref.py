@@ -2,8 +2,8 @@
 correctness: it shows what "dequantize, then attend" gives with nothing clever."""
 from __future__ import annotations
 
-from baselines.base import Backend, Prepared, SourceKV, Unsupported, register
-from baselines.foscar import TOLERANCE, _foscar
+from baselines.base import Backend, GpuInfo, Prepared, SourceKV, Unsupported, register
+from baselines.foscar import TOLERANCE, _foscar, quant_config
 from core.case import Case
 
 
@@ -27,6 +27,15 @@ class TorchRef(Backend):
         try:
             _foscar_api()
         except Unsupported as exc:
+            return str(exc)
+        return None
+
+    def case_reason(self, case: Case, gpu: GpuInfo | None) -> str | None:
+        """What foscar's quantizer refuses (bits, group, modes, page, head size), as the
+        foscar backends say it: such a case is `unsupported`, not a crash in `prepare`."""
+        try:
+            quant_config(case).check_head_dim(case.head_dim)
+        except (ValueError, Unsupported) as exc:
             return str(exc)
         return None
 

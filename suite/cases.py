@@ -25,6 +25,21 @@ DEFAULT_MODELS = ["llama3-8b"]
 SHAPE_OVERRIDES = ("num_q_heads", "num_kv_heads", "head_dim")
 # Case fields that must be positive (core.case.Case checks them too, without saying where).
 POSITIVE = ("batch", "kv_len", "page_size", "num_q_heads", "num_kv_heads", "head_dim")
+# What the quantization axes take. The int formats (ours, BitDecoding, torch-ref) follow
+# foscar.config: widths 2 and 4, these group sizes, K and V each token- or channel-wise.
+# A full-precision format's case (what its reproducer spells out) has modes 'none', group
+# size 0 and its own width: 16 (BF16), 8 (FP8) or 4 (NVFP4).
+INT_BITS = (2, 4)
+FLOAT_BITS = (4, 8, 16)
+GROUP_SIZES = (32, 64, 128)
+MODES = ("token", "channel")
+NO_MODE = "none"
+ALLOWED = {
+    "bits": tuple(sorted(set(INT_BITS) | set(FLOAT_BITS))),
+    "k_mode": (*MODES, NO_MODE),
+    "v_mode": (*MODES, NO_MODE),
+    "group_size": (*GROUP_SIZES, 0),
+}
 
 
 @dataclass
@@ -113,6 +128,9 @@ def check_value(key: str, value: Any, where: str) -> None:
                 raise ValueError(f"{where} = {value!r}: {v!r} is not a string; expected e.g. {key} = [\"token\"].")
             if key in POSITIVE and v <= 0:
                 raise ValueError(f"{where} = {value!r}: {v} is not positive; {key} takes numbers above 0.")
+            if key in ALLOWED and v not in ALLOWED[key]:
+                raise ValueError(f"{where} = {value!r}: {v!r} is not a value {key} takes; expected one of "
+                                 f"{list(ALLOWED[key])}.")
     elif key == "models":
         for m in value if isinstance(value, list) else [value]:
             if m not in MODELS:
@@ -144,9 +162,36 @@ def make_spec(preset: str | None = None, **overrides: Any) -> SweepSpec:
     if missing:
         raise ValueError(f"the sweep names no {', '.join(missing)}; give them in the preset or on the command line.")
     listed = {name: values[name] if isinstance(values[name], list) else [values[name]] for name in axes()}
+    check_formats(listed)
     models = values["models"] if isinstance(values["models"], list) else [values["models"]]
     return SweepSpec(axes=listed, models=models, backends=values.get("backends"),
                      **{name: values.get(name) for name in SHAPE_OVERRIDES})
+
+
+def check_formats(listed: dict[str, list]) -> None:
+    """Raise one ValueError when the quantization axes combine into a format no backend
+    has: an int format (K and V token- or channel-wise) takes the INT_BITS widths and the
+    GROUP_SIZES; a full-precision one (modes 'none' both) the FLOAT_BITS widths."""
+    k_modes, v_modes = listed.get("k_mode", []), listed.get("v_mode", [])
+    bits, groups = listed.get("bits", []), listed.get("group_size", [])
+    for k_mode, v_mode in itertools.product(k_modes, v_modes):
+        if (k_mode == NO_MODE) != (v_mode == NO_MODE):
+            raise ValueError(f"k_mode {k_mode!r} with v_mode {v_mode!r}: 'none' (a full-precision format) "
+                             "goes with 'none' only; sweep int and full-precision formats in separate runs.")
+        if k_mode == NO_MODE:
+            wrong = [b for b in bits if b not in FLOAT_BITS]
+            if wrong:
+                raise ValueError(f"bits {wrong} with k_mode 'none': a full-precision format is 16, 8 or 4 bits "
+                                 "wide; give --bits 16, 8 or 4, or token/channel modes for the int formats.")
+        else:
+            wrong = [b for b in bits if b not in INT_BITS]
+            if wrong:
+                raise ValueError(f"bits {wrong} with k_mode {k_mode!r}: the int formats are {INT_BITS[0]} or "
+                                 f"{INT_BITS[1]} bits wide; give --bits 2,4, or --k-mode none --v-mode none for "
+                                 "a full-precision width.")
+            if 0 in groups:
+                raise ValueError(f"group_size 0 with k_mode {k_mode!r}: the int formats take group sizes "
+                                 f"{list(GROUP_SIZES)}; give one of them.")
 
 
 def expand(spec: SweepSpec) -> list[Case]:
@@ -196,7 +241,8 @@ def pair(cases: Iterable[Case], backends: Sequence[Any]) -> list[tuple[Case, Any
 
 
 def parse_int_list(text: str | None, option: str = "value") -> list[int] | None:
-    """'1,8,32' or '1k,32k' -> ints (k = 1024); a bad entry is one ValueError naming `option`."""
+    """'1,8,32' or '1k,32k' -> ints (k = 1024); a bad entry, or a list with none, is one
+    ValueError naming `option`."""
     if text is None:
         return None
     out = []
@@ -210,13 +256,37 @@ def parse_int_list(text: str | None, option: str = "value") -> list[int] | None:
             raise ValueError(
                 f"{option} {text!r}: {part!r} is not a whole number; expected a comma list such as 1,8,32 or 1k,32k."
             ) from None
+    if not out:
+        raise ValueError(f"{option} {text!r} names no value; expected a comma list such as 1,8,32, or leave {option} out.")
     return out
 
 
-def parse_str_list(text: str | None) -> list[str] | None:
+def parse_str_list(text: str | None, option: str = "value") -> list[str] | None:
+    """'a, b' -> ['a', 'b']; a list with no name is one ValueError naming `option`."""
     if text is None:
         return None
-    return [p.strip() for p in str(text).split(",") if p.strip()]
+    out = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not out:
+        raise ValueError(f"{option} {text!r} names nothing; expected a comma list of one or more names, or leave {option} out.")
+    return out
+
+
+def unpaired(cases: Sequence[Case], backends: Sequence[Any]) -> list[str]:
+    """'NAME (why)' for each backend that pairs with none of `cases` (its `case_for` says
+    None to each)."""
+    out = []
+    widths = sorted({c.bits for c in cases})
+    for backend in backends:
+        if any(backend.case_for(c) is not None for c in cases):
+            continue
+        if backend.quantized and all(c.k_mode == NO_MODE for c in cases):
+            why = "an int format; every case has k_mode 'none'"
+        elif backend.bits:
+            why = f"it runs {backend.bits}-bit cases only; the sweep's bits are {widths}"
+        else:
+            why = "its case_for takes none of the cases"
+        out.append(f"{backend.name} ({why})")
+    return out
 
 
 REPRO_DB = "results/repro.sqlite"

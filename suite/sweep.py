@@ -164,6 +164,9 @@ class Sweep:
         if slot is not None and slot.hello:
             gpu = GpuFields(gpu_index=slot.hello.get("gpu_index"), gpu_name=slot.hello.get("gpu_name"),
                             gpu_uuid=slot.hello.get("gpu_uuid"))
+        elif slot is not None and slot.device.isdigit():
+            # its worker never said hello: the device it was given, so the reproducer names it
+            gpu = GpuFields(gpu_index=int(slot.device))
         record = new_record(item.case, item.backend, gpu)
         record.status, record.reason = status, reason
         return record
@@ -321,14 +324,15 @@ class Sweep:
         reasons = "; ".join(s.disabled or "" for s in self.slots)
         reason = f"no worker could run it: {reasons}"
         while self.pending:
-            self._write_unrun(self.pending.popleft(), reason, attempted=False)
+            # the first device of the sweep: its reproducer runs it there, as the sweep would have
+            self._write_unrun(self.pending.popleft(), reason, attempted=False, slot=self.slots[0])
         for slot in self.slots:
             if slot.item is not None:
-                self._write_unrun(slot.item, reason, attempted=slot.started_at is not None)
+                self._write_unrun(slot.item, reason, attempted=slot.started_at is not None, slot=slot)
                 slot.item = None
 
-    def _write_unrun(self, item: Item, reason: str, attempted: bool) -> None:
-        record = self._lost(item, "crashed", reason, None)
+    def _write_unrun(self, item: Item, reason: str, attempted: bool, slot: Slot) -> None:
+        record = self._lost(item, "crashed", reason, slot)
         if not attempted:
             record.reason += "; never attempted: --resume runs it again"
             record.extra[NOT_ATTEMPTED] = True

@@ -9,6 +9,9 @@ from typing import Any, Optional
 
 import typer
 
+# The exit code when --backend profiled nothing: every backend's ncu run failed.
+NOTHING_PROFILED = 3
+
 
 def _fmt(value: Any, digits: int = 3) -> str:
     if value is None:
@@ -137,7 +140,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """ALU and all instructions per KV element, the pipe mix and DRAM bytes vs the byte
         model. Examples: foscar-bench alu --static; foscar-bench alu -b foscar-int4,foscar-int2
-        --batch 128 --kv-len 32768 --run RUN"""
+        --batch 128 --kv-len 32768 --run RUN. Exit 3 when no backend could be profiled (ncu
+        missing or unusable, no kernel seen), 2 for bad input."""
         from rich.console import Console
 
         from foscar.build import BuildError
@@ -147,6 +151,7 @@ def register(app: typer.Typer) -> None:
         console = Console(width=max(Console().width, 150))
         if not static and not backend:
             raise typer.BadParameter("pass --static, or --backend NAME[,NAME] to profile under ncu.")
+        chosen = _check_dynamic(backend, run, db) if backend else []
         out: dict[str, Any] = {}
         if static:
             try:
@@ -166,7 +171,7 @@ def register(app: typer.Typer) -> None:
                     console.print(f"  [yellow]{r['name'][:60]}[/yellow]: {note}")
         if backend:
             out["dynamic"] = run_dynamic(
-                backend, console=console, arch=arch, case_fields=dict(
+                chosen, console=console, arch=arch, case_fields=dict(
                     batch=batch, kv_len=kv_len, bits=bits, k_mode=k_mode, v_mode=v_mode,
                     group_size=group_size, model=model, page_size=page_size, seed=seed),
                 warmup=warmup, iters=iters, kernel_regex=kernel_regex, replay_mode=replay_mode,
@@ -177,6 +182,38 @@ def register(app: typer.Typer) -> None:
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(json.dumps(out, indent=1, default=str))
             console.print(f"wrote {json_out}")
+        failed = [r for r in out.get("dynamic", []) if r["status"] != "ok"]
+        if failed and len(failed) == len(out["dynamic"]):
+            why = sorted({r["status"] for r in failed})
+            fail(f"no backend could be profiled ({', '.join(why)}: {failed[0].get('reason') or 'see the table'}); "
+                 "fix that and run it again.", NOTHING_PROFILED)
+
+
+def _check_dynamic(names: str, run: str | None, db: Path) -> list:
+    """The backends --backend names, and --run in --db, checked before anything is profiled:
+    a bad one is one line and exit 2."""
+    from baselines.base import select_backends
+    from core.store import ResultStore, StoreError
+    from suite.commands.common import fail
+
+    listed = [n.strip() for n in names.split(",") if n.strip()]
+    if not listed:
+        fail(f"--backend {names!r} names no backend; expected a comma list such as foscar-int4,foscar-int2.")
+    try:
+        chosen = select_backends(listed)
+    except KeyError as exc:
+        fail(f"--backend {names}: {exc.args[0]}")
+    if run:
+        if not db.is_file():
+            fail(f"--db {db} does not exist; sweep run {run} into it first, or pass the --db it went to.")
+        try:
+            with ResultStore(db, readonly=True) as store:
+                known = store.has_run(run)
+        except StoreError as exc:
+            fail(str(exc))
+        if not known:
+            fail(f"--run {run!r} is not in {db}; `foscar-bench results --runs --db {db}` lists its runs.")
+    return chosen
 
 
 def make_case(fields: dict) -> Any:
@@ -188,16 +225,15 @@ def make_case(fields: dict) -> Any:
     return Case(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, **fields)
 
 
-def run_dynamic(names: str, *, console: Any, arch: str, case_fields: dict, warmup: int, iters: int,
+def run_dynamic(backends: list, *, console: Any, arch: str, case_fields: dict, warmup: int, iters: int,
                 kernel_regex: str | None, replay_mode: str | None, timeout: float,
                 run: str | None, db: Path, ncu_log: Path | None = None) -> list[dict]:
     """Profiles each backend on the case; adds the static figure for our kernels; stores."""
-    from baselines.base import select_backends
     from suite.alu.ncu import ProfileResult, own_case, profile_case
 
     case = make_case(case_fields)
     rows = []
-    for backend in select_backends([n.strip() for n in names.split(",") if n.strip()]):
+    for backend in backends:
         own = own_case(backend, case) or case
         console.print(f"profiling {backend.name} on {own.key} under ncu ...")
         res = profile_case(backend, own, warmup=warmup, iters=iters, kernel_regex=kernel_regex,

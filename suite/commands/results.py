@@ -74,6 +74,45 @@ def merge(out: Path, inputs: list[Path]) -> None:
                   if counts.e2e_runs_added or counts.e2e_records_added else "."))
 
 
+def _statuses(text: str) -> list[str]:
+    """--status as a list of record statuses; an unknown one is one line and exit 2."""
+    from core.record import STATUSES
+    from suite.commands.common import fail
+
+    wanted = [s.strip() for s in text.split(",") if s.strip()]
+    if not wanted:
+        fail(f"--status {text!r} names no status; expected a comma list of some of {', '.join(STATUSES)}.")
+    unknown = [s for s in wanted if s not in STATUSES]
+    if unknown:
+        fail(f"--status {text}: {', '.join(map(repr, unknown))} is not a record status; "
+             f"expected some of {', '.join(STATUSES)}.")
+    return wanted
+
+
+def _backends(text: str, stored: set[str]) -> list[str]:
+    """--backend as backend names: each a name or a prefix ending in '*' (as `sweep -b`
+    takes), matched against the registry and the backends the records hold; one that
+    matches neither is one line and exit 2."""
+    from baselines.base import all_backends
+    from suite.commands.common import fail
+
+    known = stored | {b.name for b in all_backends()}
+    wanted = [b.strip() for b in text.split(",") if b.strip()]
+    if not wanted:
+        fail(f"--backend {text!r} names no backend; expected a comma list such as foscar-int4,torch-ref.")
+    names: list[str] = []
+    for name in wanted:
+        if name.endswith("*"):
+            hits = sorted(k for k in known if k.startswith(name[:-1]))
+        else:
+            hits = [name] if name in known else []
+        if not hits:
+            fail(f"--backend {name!r} matches no backend of the registry or of these records; "
+                 f"expected one of {', '.join(sorted(known))} (a trailing * matches a prefix).")
+        names.extend(hits)
+    return names
+
+
 def register(app: typer.Typer) -> None:
     @app.command("results")
     def results(
@@ -88,7 +127,7 @@ def register(app: typer.Typer) -> None:
         csv: Optional[Path] = typer.Option(None, "--csv", help="Write the records to this CSV file."),
         parquet: Optional[Path] = typer.Option(None, "--parquet", help="Write the records to this Parquet file (pyarrow)."),
         status: Optional[str] = typer.Option(None, "--status", help="Only these statuses, e.g. passed,incorrect."),
-        backend: Optional[str] = typer.Option(None, "--backend", help="Only these backends (comma list)."),
+        backend: Optional[str] = typer.Option(None, "--backend", help="Only these backends (comma list; 'torch*' matches a prefix)."),
         db: Path = typer.Option(Path("results/foscar.sqlite"), "--db", help="Results store (SQLite)."),
     ) -> None:
         """Records of a run: a table by default; --json, --csv, --parquet export every field.
@@ -110,6 +149,7 @@ def register(app: typer.Typer) -> None:
         console = Console()
         output_file("--csv", csv)
         output_file("--parquet", parquet)
+        statuses = _statuses(status) if status is not None else None
         try:
             store = ResultStore(db, readonly=True)
         except StoreError as exc:
@@ -129,10 +169,10 @@ def register(app: typer.Typer) -> None:
         if run_id is not None and not store.has_run(run_id):
             fail(f"run {run_id!r} is not in {db}; `foscar-bench results --runs --db {db}` lists them.")
         df = store.records(run_id)
-        if status:
-            df = df[df["status"].isin([s.strip() for s in status.split(",")])]
-        if backend:
-            df = df[df["backend"].isin([b.strip() for b in backend.split(",")])]
+        if statuses is not None:
+            df = df[df["status"].isin(statuses)]
+        if backend is not None:
+            df = df[df["backend"].isin(_backends(backend, set(df["backend"])))]
         rows = record_dicts(df)
         if csv or parquet:
             flat = pd.DataFrame(rows)

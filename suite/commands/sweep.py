@@ -9,6 +9,10 @@ from typing import Optional
 
 import typer
 
+# The exit code of a sweep that measured nothing: every item it ran ended in one of these.
+NOTHING_RAN = 3
+LOST_STATUSES = ("crashed", "timeout")
+
 NO_GPU_LINE = (
     "No CUDA GPU is visible here, so nothing can be timed: `foscar-bench sweep --dry-run` "
     "lists the cases, and `foscar-bench report --bundled` shows the bundled H200 results."
@@ -62,12 +66,15 @@ def register(app: typer.Typer) -> None:
         cpu: bool = typer.Option(False, "--cpu", hidden=True, help="Run workers on the CPU (tests the harness only)."),
         progress: bool = typer.Option(True, "--progress/--no-progress"),
     ) -> None:
-        """Run a sweep. Example: foscar-bench sweep --preset paper --db out.sqlite"""
+        """Run a sweep. Example: foscar-bench sweep --preset paper --db out.sqlite. A case
+        that fails is recorded with its status and the sweep goes on (exit 0); exit 3 when
+        every item it ran ended crashed or timeout (no worker could start, say), 2 for bad
+        input."""
         from rich.console import Console
 
         from baselines.base import all_backends, select_backends
         from core.store import ResultStore, StoreError
-        from suite.cases import expand, make_spec, parse_int_list, parse_str_list
+        from suite.cases import expand, make_spec, parse_int_list, parse_str_list, unpaired
         from suite.sweep import parse_shard, plan_items, shard_items
 
         console = Console()
@@ -79,10 +86,11 @@ def register(app: typer.Typer) -> None:
         # Everything the command line says is checked before a GPU or the store is looked at.
         try:
             axes = {**_parse_axes(named, parse_int_list, parse_str_list), **_extra_axes(ctx.args)}
-            axes.update(models=parse_str_list(model), num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                        head_dim=head_dim)
-            backend_names = parse_str_list(backends)
+            axes.update(models=parse_str_list(model, "--model"), num_q_heads=num_q_heads,
+                        num_kv_heads=num_kv_heads, head_dim=head_dim)
+            backend_names = parse_str_list(backends, "--backends")
             shard_ix = parse_shard(shard)
+            gpu_list = _parse_gpus(gpus)
             done: set[str] = set()
             if resume:
                 with ResultStore(db, readonly=True) as past:
@@ -90,18 +98,35 @@ def register(app: typer.Typer) -> None:
                         raise ValueError(f"run {resume!r} is not in {db}; `foscar-bench results --runs --db {db}` lists runs.")
                     config = past.run_info(resume)["config"]
                     done = past.finished_keys(resume)
-                given = [k for k, v in axes.items() if v is not None] + (["backends"] if backend_names else [])
+                given = ([k for k, v in axes.items() if v is not None] + (["backends"] if backend_names else [])
+                         + (["preset"] if preset else []) + (["shard"] if shard else [])
+                         + (["run-id"] if run_id else []))
                 if given:
-                    console.print(f"[yellow]--resume uses the run's own axes; ignoring {', '.join(given)}.")
+                    console.print(f"[yellow]--resume uses the run's own axes, backends and shard; "
+                                  f"ignoring {', '.join(given)}.")
                 spec = make_spec(None, **config["spec"])
                 backend_names = config["backends"]
                 shard_ix = parse_shard(config.get("shard"))
             else:
                 spec = make_spec(preset, **axes)
             chosen = select_backends(backend_names or spec.backends)
-            items = plan_items(expand(spec), chosen)
+            cases = expand(spec)
+            items = plan_items(cases, chosen)
+            if not items:
+                raise ValueError(f"no backend pairs with any case of this sweep: {'; '.join(unpaired(cases, chosen))}; "
+                                 "change --bits, --k-mode/--v-mode or --backends.")
             if shard_ix:
                 items = shard_items(items, *shard_ix)
+            config = {"spec": spec.as_dict(), "backends": [b.name for b in chosen], "preset": preset}
+            if shard_ix:
+                config["shard"] = f"{shard_ix[0]}/{shard_ix[1]}"
+            continuing = False
+            if run_id and not resume and db.is_file():
+                with ResultStore(db, readonly=True) as past:
+                    if past.has_run(run_id):
+                        _check_same_sweep(past.run_info(run_id)["config"], config, run_id, db)
+                        done = past.finished_keys(run_id)
+                        continuing = True
         except (ValueError, KeyError, StoreError) as exc:
             typer.echo(str(exc.args[0] if exc.args else exc), err=True)
             raise typer.Exit(2)
@@ -109,7 +134,11 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             _print_items(console, items, done)
             return
-        devices = _devices(gpus, cpu)
+        if not items:
+            console.print(f"shard {shard_ix[0]}/{shard_ix[1]} of this sweep holds no item; nothing to run "
+                          "(no run is recorded).")
+            return
+        devices = _devices(gpu_list, gpus, cpu)
         try:
             store = ResultStore(db)
         except StoreError as exc:
@@ -119,16 +148,8 @@ def register(app: typer.Typer) -> None:
         from suite.summary import latest_per_item, summary_table
         from suite.sweep import SweepOptions, run_sweep
 
-        config = {
-            "spec": spec.as_dict(),
-            "backends": [b.name for b in chosen],
-            "devices": devices,
-            "preset": preset,
-        }
-        if shard_ix:
-            config["shard"] = f"{shard_ix[0]}/{shard_ix[1]}"
-        if run_id and not resume and store.has_run(run_id):
-            _check_same_sweep(store.run_info(run_id)["config"], config, run_id, db)
+        config = {**config, "devices": devices}
+        if continuing:
             console.print(f"run {run_id} is in {db} already: continuing it")
         run_id = store.start_run(argv=sys.argv, config=config, env=collect(use_torch=False), run_id=resume or run_id)
         log_dir = db.parent / "logs" / run_id
@@ -161,17 +182,27 @@ def register(app: typer.Typer) -> None:
             + f"   (worker logs: {log_dir})\n"
             f"all fields: foscar-bench results --run {run_id} --db {db} --json"
         )
-        del outcome
+        if outcome.written and set(outcome.counts) <= set(LOST_STATUSES):
+            typer.echo(f"none of the {outcome.written} item(s) this sweep ran was measured (each ended "
+                       f"{' or '.join(sorted(outcome.counts))}); read the worker logs in {log_dir}, then "
+                       f"`foscar-bench sweep --resume {run_id} --db {db}`.", err=True)
+            raise typer.Exit(NOTHING_RAN)
 
 
 def _check_same_sweep(old: dict, new: dict, run_id: str, db) -> None:
-    """A named run is continued only by the sweep that began it (same axes, backends, shard)."""
-    keys = ("spec", "backends", "shard")
-    diff = [k for k in keys if old.get(k) != new.get(k)]
+    """A named run is continued only by the sweep that began it (same axes, backends, shard);
+    the refusal names each value that differs, the run's and this sweep's."""
+    diff = []
+    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+    for key in sorted(set(old_spec) | set(new_spec)):
+        if old_spec.get(key) != new_spec.get(key):
+            diff.append(f"{key} {old_spec.get(key)} there, {new_spec.get(key)} here")
+    for key in ("backends", "shard"):
+        if old.get(key) != new.get(key):
+            diff.append(f"{key} {old.get(key)} there, {new.get(key)} here")
     if diff:
-        typer.echo(f"run {run_id} in {db} was started with other {', '.join(diff)}; "
-                   "give a new --run-id, or --resume it to run its own settings.", err=True)
-        raise typer.Exit(2)
+        raise ValueError(f"run {run_id} in {db} was started with other settings ({'; '.join(diff)}); "
+                         "give a new --run-id, or --resume it to run its own settings.")
 
 
 def _parse_axes(named: dict, parse_int_list, parse_str_list) -> dict:
@@ -179,7 +210,7 @@ def _parse_axes(named: dict, parse_int_list, parse_str_list) -> dict:
     from core.case import axes
 
     kinds = {name: kind for name, (kind, _) in axes().items()}
-    return {name: (parse_int_list(text, f"--{name.replace('_', '-')}") if kinds[name] is int else parse_str_list(text))
+    return {name: (parse_int_list if kinds[name] is int else parse_str_list)(text, f"--{name.replace('_', '-')}")
             for name, text in named.items()}
 
 
@@ -201,11 +232,28 @@ def _extra_axes(args: list[str]) -> dict:
         text = word.split("=", 1)[1] if "=" in word else (rest.pop(0) if rest else None)
         if text is None:
             raise ValueError(f"{word} needs a value, e.g. {word} 1,2.")
-        out[name] = parse_int_list(text, word) if kinds[name] is int else parse_str_list(text)
+        out[name] = (parse_int_list if kinds[name] is int else parse_str_list)(text, word.split("=")[0])
     return out
 
 
-def _devices(gpus: str | None, cpu: bool) -> list[str]:
+def _parse_gpus(gpus: str | None) -> list[str] | None:
+    """--gpus as CUDA indices, each once (two workers on one GPU would time each other);
+    None: every visible GPU. A bad list is one ValueError naming it."""
+    if gpus is None:
+        return None
+    chosen = [g.strip() for g in gpus.split(",") if g.strip()]
+    if not chosen:
+        raise ValueError(f"--gpus {gpus!r} names no GPU; expected CUDA indices such as 0,1, or leave --gpus out "
+                         "for every visible GPU.")
+    index = [str(int(g)) if g.isdigit() else g for g in chosen]  # 0 and 00 are one GPU
+    twice = sorted({g for g in index if index.count(g) > 1})
+    if twice:
+        raise ValueError(f"--gpus {gpus}: index {', '.join(twice)} is given more than once; expected each CUDA "
+                         f"index once (one worker per GPU), e.g. --gpus {','.join(dict.fromkeys(index))}.")
+    return index
+
+
+def _devices(chosen: list[str] | None, gpus: str | None, cpu: bool) -> list[str]:
     from suite.envinfo import visible_gpu_count
 
     if cpu:
@@ -214,8 +262,7 @@ def _devices(gpus: str | None, cpu: bool) -> list[str]:
     if n == 0:
         typer.echo(NO_GPU_LINE)
         raise typer.Exit(1)
-    if gpus:
-        chosen = [g.strip() for g in gpus.split(",") if g.strip()]
+    if chosen is not None:
         bad = [g for g in chosen if not g.isdigit() or int(g) >= n]
         if bad:
             typer.echo(f"--gpus {gpus}: {bad} are not visible CUDA indices; expected 0..{n - 1}.", err=True)

@@ -85,3 +85,16 @@ def test_dynamic_into_store_and_json(monkeypatch, tmp_path):
     assert rec["dram_model_ratio"] is not None
     assert "alu" in json.loads(rec["pipe_mix_json"])
     assert rec["alu_status"] == "ok"  # a record column now (core.record.AluFields)
+
+
+def test_dynamic_that_profiles_nothing_exits_3(monkeypatch, tmp_path):
+    # /tmp/rev_cli: without ncu every row was ncu_missing and alu said rc 0
+    from suite.alu import ncu
+
+    monkeypatch.setattr(ncu, "find_ncu", lambda: None)
+    out = tmp_path / "dyn.json"
+    res = runner.invoke(app, ["alu", "-b", "torch-ref", "--batch", "2", "--kv-len", "1024", "--json-out", str(out)])
+    assert res.exit_code == 3, res.output
+    assert "no backend could be profiled (ncu_missing" in " ".join(res.output.split())
+    [row] = json.loads(out.read_text())["dynamic"]  # what it found is still written
+    assert row["status"] == "ncu_missing"

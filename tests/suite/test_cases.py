@@ -107,3 +107,79 @@ def test_every_case_field_is_a_sweep_axis_a_preset_key_and_a_column():
             assert f.name in axes() and f.name in preset_keys()
     spec = make_spec(None, batch=[1], kv_len=[64], seed=[0, 1], page_size=[64, 128])
     assert {(c.seed, c.page_size) for c in expand(spec)} >= {(0, 64), (1, 128)}
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (dict(k_mode=["tokn"]), ("'tokn'", "'token'")),
+    (dict(bits=[3, 4]), ("3", "[2, 4, 8, 16]")),
+    (dict(bits=[16]), ("[16]", "'channel'")),
+    (dict(group_size=[0]), ("group_size 0",)),
+    (dict(group_size=[100]), ("100",)),
+    (dict(k_mode=["channel", "none"], v_mode=["none"]), ("'channel'", "'none'")),
+    (dict(k_mode=["none"], v_mode=["none"]), ("[2]", "'none'")),  # the default bits 4,2: no 2-bit float format
+])
+def test_quantization_axes_take_what_some_backend_runs(overrides, words):
+    with pytest.raises(ValueError) as err:
+        make_spec(None, **overrides)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+def test_quantization_axes_follow_the_int_formats():
+    from foscar import config
+
+    from suite.cases import FLOAT_BITS, GROUP_SIZES, INT_BITS, MODES
+
+    assert (INT_BITS, GROUP_SIZES, MODES) == (config.BITS, config.GROUP_SIZES, config.MODES)
+    for backend in select_backends(None):
+        assert backend.bits in ((0, *INT_BITS) if backend.quantized else FLOAT_BITS), backend.name
+
+
+def test_preset_with_an_unknown_mode_names_file_and_key(tmp_path):
+    preset = tmp_path / "modes.toml"
+    preset.write_text('[sweep]\nk_mode = ["token", "tokn"]\n')
+    with pytest.raises(ValueError, match=r"modes.toml: k_mode .*'tokn'"):
+        load_preset(str(preset))
+
+
+def test_full_precision_reproducers_still_parse():
+    # a BF16/FP8/NVFP4 backend's reproducer spells its own case: modes none, group 0, its width
+    for bits in (16, 8, 4):
+        [case] = expand(make_spec(None, batch=[1], kv_len=[1024], bits=[bits], k_mode=["none"], v_mode=["none"],
+                                  group_size=[0]))
+        assert (case.bits, case.k_mode, case.group_size) == (bits, "none", 0)
+
+
+@pytest.mark.parametrize("group, page, rounded", [(32, 16, 64), (64, 100, 128), (128, 64, 128), (32, 96, 128),
+                                                  (128, 256, 256)])
+def test_quantized_pages_hold_whole_groups_and_64_token_blocks(group, page, rounded):
+    for name in ("foscar-int4", "torch-ref", "bitdecoding-int4"):
+        [backend] = select_backends([name])
+        own = backend.case_for(Case(batch=1, kv_len=1024, group_size=group, page_size=page))
+        assert own.page_size == rounded, (name, group, page)
+        assert backend.case_for(own) == own  # its reproducer maps onto itself
+
+
+def test_torch_ref_refuses_what_the_quantizer_refuses():
+    from baselines.base import GpuInfo
+
+    [ref] = select_backends(["torch-ref"])
+    good = ref.case_for(Case(batch=1, kv_len=1024))
+    assert ref.case_reason(good, GpuInfo.cpu()) is None
+    assert "k_mode='tokn'" in ref.supports(good.with_(k_mode="tokn"), GpuInfo.cpu())
+    assert "head_dim=96" in ref.supports(good.with_(head_dim=96), GpuInfo.cpu())
+    assert "page_size=96" in ref.supports(good.with_(page_size=96), GpuInfo.cpu())
+
+
+def test_empty_lists_and_unpaired_backends_are_named():
+    from suite.cases import unpaired
+
+    with pytest.raises(ValueError, match="--batch '' names no value"):
+        parse_int_list("", "--batch")
+    with pytest.raises(ValueError, match="--model ' , ' names nothing"):
+        parse_str_list(" , ", "--model")
+    cases = expand(make_spec(None, batch=[1], kv_len=[1024], bits=[4]))
+    backends = select_backends(["foscar-int2", "foscar-int4", "trtllm-nvfp4"])
+    assert unpaired(cases, backends) == ["foscar-int2 (it runs 2-bit cases only; the sweep's bits are [4])"]
+    bf16 = expand(make_spec(None, batch=[1], kv_len=[1024], bits=[16], k_mode=["none"], v_mode=["none"]))
+    assert unpaired(bf16, select_backends(["torch-ref"])) == ["torch-ref (an int format; every case has k_mode 'none')"]

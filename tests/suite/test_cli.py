@@ -140,3 +140,62 @@ def test_build_table_labels_tell_paired_kernels_apart():
     one = _label("void foscar::foscar_decode_kernel<4, 128, true, false, false, 1>(foscar::DecodeParams)")
     two = _label("void foscar::foscar_decode_kernel<4, 128, true, false, false, 2>(foscar::DecodeParams)")
     assert one == "decode int4 g128 K channel V token" and two == one + ", 2 KV heads per item"
+
+
+def test_every_item_crashed_exits_3_some_crashed_exits_0(tmp_path, doubles):
+    # A failing case is recorded and the sweep goes on (exit 0); a sweep that measured nothing
+    # says so with exit 3 (/tmp/rev_cli: every worker failed to start, rc was 0).
+    db = tmp_path / "x.sqlite"
+    res = runner.invoke(app, ["sweep", "--cpu", "--no-progress", "--db", str(db), "-b", "test-raise", *SMALL])
+    assert res.exit_code == 3, res.output
+    assert "none of the 1 item(s) this sweep ran was measured (each ended crashed)" in res.output
+    assert "--resume" in res.output
+    mixed = runner.invoke(app, ["sweep", "--cpu", "--no-progress", "--db", str(db), "-b", "test-stub,test-raise",
+                                *SMALL])
+    assert mixed.exit_code == 0, mixed.output
+    assert "passed 1" in mixed.output and "crashed 1" in mixed.output
+
+
+def test_a_sweep_that_pairs_nothing_leaves_no_run(tmp_path):
+    from core.store import ResultStore
+
+    db = tmp_path / "x.sqlite"
+    with ResultStore(db) as store:
+        store.start_run(argv=[], config={}, env={}, run_id="earlier")
+    res = runner.invoke(app, ["sweep", "--cpu", "--db", str(db), "-b", "foscar-int2", "--bits", "4", *SMALL])
+    assert res.exit_code == 2 and "foscar-int2 (it runs 2-bit cases only" in res.output
+    with ResultStore(db, readonly=True) as store:
+        assert store.latest_run() == "earlier" and len(store.runs()) == 1
+
+
+def test_an_empty_shard_records_no_run(tmp_path, doubles):
+    db = tmp_path / "x.sqlite"
+    res = runner.invoke(app, ["sweep", "--cpu", "--db", str(db), "-b", "test-stub", "--shard", "5/6", *SMALL])
+    assert res.exit_code == 0 and "shard 5/6 of this sweep holds no item" in res.output, res.output
+    assert not db.exists()
+
+
+def test_dry_run_under_run_id_checks_the_run_and_shows_what_is_done(tmp_path, doubles):
+    db = tmp_path / "x.sqlite"
+    named = ["--cpu", "--no-progress", "--db", str(db), "--run-id", "job7", "-b", "test-stub", *SMALL]
+    assert runner.invoke(app, ["sweep", *named]).exit_code == 0
+    dry = runner.invoke(app, ["sweep", "--dry-run", *named])
+    assert dry.exit_code == 0, dry.output
+    [row] = [line for line in dry.output.splitlines() if "test-stub" in line]
+    assert row.split()[-1] == "yes"  # as the run itself would skip it
+    other = runner.invoke(app, ["sweep", "--dry-run", *named, "--batch", "3"])
+    assert other.exit_code == 2
+    assert "run job7" in other.output and "batch [2] there, [3] here" in other.output
+    again = runner.invoke(app, ["sweep", *named, "--batch", "3"])
+    assert again.exit_code == 2 and "batch [2] there, [3] here" in again.output
+
+
+def test_resume_warns_of_every_option_it_ignores(tmp_path, doubles):
+    db = tmp_path / "x.sqlite"
+    assert runner.invoke(app, ["sweep", "--cpu", "--no-progress", "--db", str(db), "--run-id", "r1",
+                               "-b", "test-stub", *SMALL]).exit_code == 0
+    res = runner.invoke(app, ["sweep", "--cpu", "--no-progress", "--db", str(db), "--resume", "r1",
+                              "--preset", "full", "--shard", "1/4", "--batch", "8"])
+    assert res.exit_code == 0, res.output
+    warning = " ".join(res.output.split())
+    assert "ignoring batch, preset, shard." in warning, warning

@@ -68,6 +68,23 @@ def test_sweep_db_naming_a_text_file(tmp_path):
     (["--backends", "nosuch"], ("nosuch", "expected one of")),
     (["--model", "gpt-9"], ("gpt-9", "llama3-8b")),
     (["--q-len", "4"], ("--q-len", "sweep --help")),
+    # axis values no backend takes (/tmp/rev_cli): a typo'd mode, odd widths, a group of 0
+    (["--k-mode", "tokn"], ("'tokn'", "'token'", "'channel'")),
+    (["--v-mode", "chanel"], ("'chanel'", "'channel'")),
+    (["--bits", "3,16"], ("bits", "3", "[2, 4, 8, 16]")),
+    (["--bits", "16"], ("[16]", "'channel'", "2 or 4", "--k-mode none")),
+    (["--group-size", "0"], ("group_size 0", "[32, 64, 128]")),
+    (["--group-size", "48"], ("48", "[32, 64, 128, 0]")),
+    (["--k-mode", "none"], ("'none'", "v_mode 'token'")),
+    # an empty list is not "everything"
+    (["--batch", ""], ("--batch", "names no value")),
+    (["--model", ""], ("--model", "names nothing")),
+    (["--backends", ""], ("--backends", "names nothing")),
+    (["--backends", " , "], ("--backends", "names nothing")),
+    (["--gpus", "0,0"], ("--gpus 0,0", "index 0", "more than once")),
+    # backends that pair with no case
+    (["-b", "foscar-int2", "--bits", "4"], ("foscar-int2", "2-bit", "[4]", "--bits")),
+    (["-b", "foscar-int4,bitdecoding-int4", "--bits", "2"], ("foscar-int4 (", "bitdecoding-int4 (", "[2]")),
 ])
 def test_sweep_checks_its_arguments_before_looking_for_a_gpu(no_gpu, tmp_path, args, words):
     db = tmp_path / "x.sqlite"
@@ -75,6 +92,29 @@ def test_sweep_checks_its_arguments_before_looking_for_a_gpu(no_gpu, tmp_path, a
     assert "No CUDA GPU" not in line
     for word in words:
         assert word in line, line
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("args", [["--batch", ""], ["-b", "foscar-int2", "--bits", "4"], ["--k-mode", "tokn"],
+                                  ["--gpus", "0,0"]])
+def test_dry_run_refuses_what_the_sweep_refuses(tmp_path, args):
+    line = one_line(["sweep", "--dry-run", *args, "--db", str(tmp_path / "x.sqlite")], 2)
+    assert "items" not in line
+
+
+def test_sweep_refuses_a_gpu_index_given_twice(monkeypatch, tmp_path):
+    # Two workers on one GPU would time each other's cases (/tmp/rev_cli): refused before
+    # any worker or the store.
+    import suite.envinfo
+    import suite.sweep
+
+    monkeypatch.setattr(suite.envinfo, "visible_gpu_count", lambda: 2)
+    monkeypatch.setattr(suite.sweep, "run_sweep", lambda **kw: pytest.fail("no sweep may start"))
+    db = tmp_path / "x.sqlite"
+    for gpus, twice in (("0,0", "0"), ("1,0,01", "1")):
+        line = one_line(["sweep", "-b", "torch-ref", "--batch", "1", "--kv-len", "1k", "--gpus", gpus,
+                         "--db", str(db)], 2)
+        assert f"--gpus {gpus}" in line and f"index {twice} is given more than once" in line
     assert not db.exists()
 
 
@@ -107,6 +147,45 @@ def test_preset_with_an_unknown_key(tmp_path):
 def test_alu_static_with_an_unknown_arch():
     line = one_line(["alu", "--static", "--arch", "sm_nosuch"])
     assert "sm_nosuch" in line and ("sm_90a" in line or "nvcc" in line)
+
+
+def test_alu_names_a_bad_backend_in_one_line():
+    line = one_line(["alu", "-b", "nosuch"], 2)
+    assert "'nosuch'" in line and "expected one of" in line and "foscar-int4" in line
+
+
+def test_alu_checks_run_and_store_before_profiling(store, tmp_path, monkeypatch):
+    import suite.alu.ncu
+
+    monkeypatch.setattr(suite.alu.ncu, "profile_case", lambda *a, **k: pytest.fail("profiled before the checks"))
+    missing = tmp_path / "missing.sqlite"
+    line = one_line(["alu", "-b", "torch-ref", "--run", "nope", "--db", str(missing)], 2)
+    assert str(missing) in line and "does not exist" in line
+    line = one_line(["alu", "-b", "torch-ref", "--run", "nope", "--db", str(store)], 2)
+    assert "'nope'" in line and "results --runs" in line
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--status", "crash"], ("'crash'", "crashed", "expected some of")),
+    (["--status", "passed,timeouts"], ("'timeouts'", "timeout")),
+    (["--status", ""], ("--status", "names no status")),
+    (["--backend", "nosuch"], ("'nosuch'", "foscar-int4", "trailing *")),
+    (["--backend", "zzz*"], ("'zzz*'", "matches no backend")),
+])
+def test_results_filters_name_what_they_do_not_know(store, args, words):
+    line = one_line(["results", "--db", str(store), "--all", *args], 2)
+    for word in words:
+        assert word in line, line
+
+
+def test_results_backend_takes_a_prefix(store):
+    import json
+
+    res = runner.invoke(app, ["results", "--db", str(store), "--all", "--json", "--backend", "foscar*"])
+    assert res.exit_code == 0, res.output
+    names = {json.loads(line)["backend"] for line in res.output.splitlines() if line.strip()}
+    assert names and all(n.startswith("foscar") for n in names) and len(names) > 1
 
 
 @pytest.mark.parametrize("option", ["--csv", "--parquet"])

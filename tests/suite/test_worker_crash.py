@@ -87,3 +87,14 @@ def test_items_no_worker_took_are_run_again_on_resume(tmp_path):
                       progress=False)
     assert again.counts == {"passed": 1, "incorrect": 1}
     assert store.finished_keys(run) == {i.key for i in items}
+
+
+def test_items_no_worker_took_name_their_gpu_in_the_reproducer(tmp_path):
+    # /tmp/rev_cli: these records said --cpu for a sweep on --gpus 99
+    store = ResultStore(tmp_path / "g.sqlite")
+    run = store.start_run(argv=[], config={}, env={})
+    run_sweep(store=store, run_id=run, items=_items(["test-stub"]),
+              options=SweepOptions(devices=["99"], read_ceiling=False), progress=False)
+    [rec] = store.records(run).to_dict(orient="records")
+    assert rec["gpu_index"] == 99
+    assert rec["reproducer"].endswith("--gpus 99 --db results/repro.sqlite") and "--cpu" not in rec["reproducer"]
