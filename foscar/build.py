@@ -252,12 +252,12 @@ def build(arch: str = DEFAULT_ARCH, force: bool = False, verbose: bool = False,
     # Every file is written under a name of this process's own and moved into place (atomic), so
     # that builds of one key in several processes (a sweep's workers, the lab) never link or load
     # each other's half-written files; the last to finish wins with identical bytes.
-    mine = f".{os.getpid()}.tmp"
-    tmp_objects = [o.with_name(o.name + mine) for o in objects]
+    mine = f".{os.getpid()}.tmp"  # before the suffix: nvcc tells inputs by their extension
+    tmp_objects = [o.with_name(o.stem + mine + o.suffix) for o in objects]
     with ThreadPoolExecutor(max_workers=min(len(TRANSLATION_UNITS), os.cpu_count() or 1)) as pool:
         logs = list(pool.map(lambda tu: _compile(nvcc, arch, CSRC / tu[0], tu[1], defines),
                              zip(TRANSLATION_UNITS, tmp_objects)))
-    tmp = so_path.with_name(so_path.name + mine)
+    tmp = so_path.with_name(so_path.stem + mine + so_path.suffix)
     cmd = [nvcc, *gencode(arch), "-shared", "-Xcompiler", "-fPIC", *map(str, tmp_objects), "-o", str(tmp)]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode:

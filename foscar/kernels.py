@@ -153,12 +153,36 @@ class LaunchPlan:
 # costs twice: batch 1 at 32K and 128K measured 16-26 % slower paired, batch 8 (64 rows) level
 # at 32K and 2-6 % faster at 128K (docs/PERFORMANCE.md, "Paired heads").
 PAIR_MIN_KV_ROWS = 48
+# Where a GPU was measured apart (GPU name, {bits: (rows, rows x chunks)}): pair from that many
+# (sequence, KV head) rows and that much work on. On an H100 (GPU-cdd9534b, twenty-sixth session,
+# docs/data/lab_hpi_h100.tar.gz) INT4's one-head launches ran 2.5-15 % faster than its paired
+# ones at batch 4-16 up to 128 rows (level at batch 8 / 128K), while INT2's paired ones won
+# 2-13 % from 16384 rows x chunks (batch 4 / 32K, batch 8 from 16K) and lost 2-10 % below it
+# (batch 8 / 4K and 8K, batch 6 / 16K); elsewhere PAIR_MIN_KV_ROWS, as measured on the H200.
+PAIRING_RULES: tuple[tuple[str, dict[int, tuple[int, int]]], ...] = (
+    ("H100 80GB HBM3", {4: (256, 0), 2: (32, 16384)}),
+)
 
 
-def planned_kv_heads_per_item(batch: int, num_kv_heads: int, max_heads: int) -> int:
+def pairing_rule(gpu_name: str | None, bits: int | None) -> tuple[int, int]:
+    """(rows, rows x chunks) from which the planner pairs KV heads for `bits`-bit codes on the GPU
+    named `gpu_name` (PAIRING_RULES; None or unknown: PAIR_MIN_KV_ROWS rows, any work)."""
+    for needle, rules in PAIRING_RULES:
+        if gpu_name and needle.lower() in gpu_name.lower() and bits in rules:
+            return rules[bits]
+    return PAIR_MIN_KV_ROWS, 0
+
+
+def planned_kv_heads_per_item(batch: int, num_kv_heads: int, max_heads: int, *, bits: int | None = None,
+                              max_chunks: int = 0, gpu_name: str | None = None) -> int:
     """KV heads per work item for a launch: `max_heads` (the library's foscar_kv_heads_per_item)
-    once batch * num_kv_heads reaches PAIR_MIN_KV_ROWS, else 1."""
-    return max_heads if max_heads > 1 and batch * num_kv_heads >= PAIR_MIN_KV_ROWS else 1
+    once batch * num_kv_heads rows, and those rows times the longest sequence's `max_chunks`,
+    reach the GPU's pairing_rule for `bits`-bit codes; else 1."""
+    if max_heads <= 1:
+        return 1
+    rows = batch * num_kv_heads
+    min_rows, min_work = pairing_rule(gpu_name, bits)
+    return max_heads if rows >= min_rows and rows * max_chunks >= min_work else 1
 
 
 def plan_launch(batch: int, num_kv_heads: int, max_chunks: int, num_sms: int,
@@ -385,7 +409,8 @@ def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num
         alt_ctas_per_sm = 0
     instance = kernel_instance(cfg, variant)
     if kv_heads_per_item is None:
-        kv_heads_per_item = planned_kv_heads_per_item(cache.batch, cache.num_kv_heads, max_kv_heads_per_item)
+        kv_heads_per_item = planned_kv_heads_per_item(cache.batch, cache.num_kv_heads, max_kv_heads_per_item,
+                                                      bits=cfg.bits, max_chunks=_memo(cache)[1], gpu_name=gpu_name)
     elif kv_heads_per_item not in (1, max_kv_heads_per_item):
         raise ValueError(f"kv_heads_per_item={kv_heads_per_item!r} is not possible for {num_q_heads} query heads "
                          f"over {cache.num_kv_heads} KV heads with this build; pass 1, "

@@ -46,14 +46,28 @@ def decode_kernel_regex(case: Any, dequant: bool, max_heads: int | None) -> str:
     runs `case`: heads as foscar.kernels plans them from `max_heads` (the build's
     foscar_kv_heads_per_item; None: any), the kernel's own instance (a second one, at other CTAs
     per SM, foscar_ctas_per_sm_alt, runs the same code at fewer registers)."""
-    from foscar.kernels import planned_kv_heads_per_item
+    from foscar.kernels import CHUNK_TOKENS, planned_kv_heads_per_item
 
     b = lambda flag: "1" if flag else "0"  # noqa: E731 - Itanium mangling of bool template args
-    heads = r"\d+" if max_heads is None else planned_kv_heads_per_item(case.batch, case.num_kv_heads, max_heads)
+    if max_heads is None:
+        heads = r"\d+"
+    else:  # as the planner pairs on this GPU: the packed chunks (a channel-wise cache keeps L mod G in its tail)
+        tail = case.kv_len % case.group_size if "channel" in (case.k_mode, case.v_mode) else 0
+        heads = planned_kv_heads_per_item(case.batch, case.num_kv_heads, max_heads, bits=case.bits,
+                                          max_chunks=-(-(case.kv_len - tail) // CHUNK_TOKENS), gpu_name=_gpu_name())
     return (
         f"foscar_decode_kernelILi{case.bits}ELi{case.group_size}E"
         f"Lb{b(case.k_mode == 'channel')}ELb{b(case.v_mode == 'channel')}ELb{b(dequant)}ELi{heads}ELi0E"
     )
+
+
+def _gpu_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - no torch or no driver: the default pairing rule
+        return None
 
 
 def analyze_build(build: Any, kernel_regex: str | None = None, *, arch: str | None = None,
