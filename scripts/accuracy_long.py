@@ -102,8 +102,8 @@ def main() -> None:
         del k, v
         torch.cuda.empty_cache()
         print(f"  ({time.time() - t0:.1f} s)", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        if args.json:  # after each length: a run cut off by its stage's timeout keeps the lengths done
+            args.json.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 # Everything lands in $OUT/e2e.tar.gz (e2e.sqlite, e2e.json, the logs). The device copy has no
 # .git: pass FOSCAR_GIT_SHA=<commit>. The FlashInfer wheels travel in .whl (carry it).
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/limit.sh"  # limit: timeout that says so in the log
 export PYTHONUNBUFFERED=1 PYTHONPATH=. FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-$PWD/.foscar-cache}
 OUT=${OUT:-out}; W=$OUT/e2e; mkdir -p "$W"
 LOG=$W/e2e.log
@@ -22,16 +23,17 @@ for stage in $STAGES; do
     echo "== $stage $(date -u +%T) $(smi)" | tee -a "$LOG"
     case $stage in
     tests)
-        timeout 540 python3 -m pytest -q -p no:cacheprovider tests/foscar/test_append_graph.py \
+        limit 540 python3 -m pytest -q -p no:cacheprovider tests/foscar/test_append_graph.py \
             tests/suite/test_e2e_gpu.py 2>&1 | tee "$W/pytest_gpu.txt" | tail -15 | tee -a "$LOG" ;;
     e2e)
-        timeout 570 python3 -m suite e2e --model llama3-8b --db "$W/e2e.sqlite" --json "$W/e2e.json" 2>&1 \
+        limit 570 python3 -m suite e2e --model llama3-8b --db "$W/e2e.sqlite" --json "$W/e2e.json" 2>&1 \
             | tee "$W/e2e_8b.log" | tail -40 >> "$LOG" ;;
     70b)
-        timeout 570 python3 -m suite e2e --model llama3-70b --batch 1,8,32 --kv-len 4k,32k --db "$W/e2e.sqlite" \
+        limit 570 python3 -m suite e2e --model llama3-70b --batch 1,8,32 --kv-len 4k,32k --db "$W/e2e.sqlite" \
             --json "$W/e2e_70b.json" 2>&1 | tee "$W/e2e_70b.log" | tail -40 >> "$LOG" ;;
     *) echo "unknown stage $stage (tests e2e 70b)" | tee -a "$LOG" ;;
     esac
     pack
 done
 echo "== end $(date -u +%T) $(smi)" | tee -a "$LOG"
+n=$(limit_failures "$LOG"); (( n == 0 )) || { echo "== $n stage(s) timed out or failed" | tee -a "$LOG"; exit 1; }

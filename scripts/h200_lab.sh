@@ -11,6 +11,7 @@
 # Libraries built here beforehand travel in .foscar-cache (FOSCAR_CACHE_DIR); a key that
 # does not match the box's nvcc rebuilds there.
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/limit.sh"  # limit: timeout that says so in the log
 export PYTHONUNBUFFERED=1 PYTHONPATH=. FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-$PWD/.foscar-cache}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 CONFIGS=${CONFIGS:-4ct,2ct}
@@ -24,29 +25,29 @@ if [[ -n "${PROBE:-}" ]]; then  # the Tensor Cores' arithmetic (docs/PERFORMANCE
     python3 scripts/probe_tc.py run --out "$OUT/probe_tc.npz" 2>&1 | tee -a "$LOG" | tail -32
 fi
 if [[ -n "${TESTS:-}" ]]; then  # the kernels' GPU tests, default build
-    timeout 240 python3 -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee -a "$LOG" | grep -E "passed|failed|Error|seed=" | head -30
+    limit 240 python3 -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee -a "$LOG" | grep -E "passed|failed|Error|seed=" | head -30
 fi
 if [[ -n "${TIMELINE:-}" ]]; then  # where one launch's time goes, CTA by CTA (docs/PERFORMANCE.md, next list)
     for bk in ${TIMELINE_SHAPES:-1:128 1:4096 1:32768 1:131072}; do
         b=${bk%%:*}; kv=${bk##*:}
-        timeout 120 python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$CONFIGS" --batch "$b" --kv-len "$kv" \
+        limit 120 python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$CONFIGS" --batch "$b" --kv-len "$kv" \
             --timeline "$TIMELINE" --json "$OUT/timeline_b${b}_kv${kv}.json" ${LAB_ARGS:-} 2>&1 | tee -a "$LOG" | grep -vE '^\{' | tail -20
     done
 fi
 if [[ "${TIMING:-1}" != 0 ]]; then
-    timeout "${LAB_TIMEOUT:-300}" python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$CONFIGS" --json "$OUT/lab.json" ${LAB_ARGS:-} 2>&1 | tee -a "$LOG" | grep -vE '^\{'
+    limit "${LAB_TIMEOUT:-300}" python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$CONFIGS" --json "$OUT/lab.json" ${LAB_ARGS:-} 2>&1 | tee -a "$LOG" | grep -vE '^\{'
 fi
 smi | tee -a "$LOG"
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 PCONFIGS=${PROFILE_CONFIGS:-$CONFIGS}
 for name in $PROFILE; do
     ranges=(); for c in ${PCONFIGS//,/ }; do ranges+=(--nvtx-include "lab_$c/"); done
-    timeout 240 "$NCU" --clock-control none --nvtx "${ranges[@]}" \
+    limit 240 "$NCU" --clock-control none --nvtx "${ranges[@]}" \
         --section WarpStateStats --section SchedulerStats --section SourceCounters --section Occupancy \
         --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section InstructionStats \
         --section ComputeWorkloadAnalysis \
         -f -o "/tmp/prof_$name" python3 scripts/kernel_lab.py "${vargs[@]}" --configs "$PCONFIGS" --profile "$name" ${LAB_ARGS:-} \
-        > "/tmp/ncu_$name.log" 2>&1 || tail -5 "/tmp/ncu_$name.log"
+        > "/tmp/ncu_$name.log" 2>&1 || tail -5 "/tmp/ncu_$name.log" | tee -a "$LOG"
     "$NCU" --import "/tmp/prof_$name.ncu-rep" --page raw --csv > "$OUT/ncu_raw_$name.csv" 2>/dev/null
     "$NCU" --import "/tmp/prof_$name.ncu-rep" --page source --csv --print-source sass > "/tmp/src_$name.csv" 2>/dev/null
     gzip -c "/tmp/src_$name.csv" > "$OUT/ncu_src_$name.csv.gz"
@@ -54,3 +55,4 @@ for name in $PROFILE; do
     grep -E "Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Achieved Occupancy|Duration|DRAM Throughput" \
         "$OUT/ncu_details_$name.csv" | cut -c1-220 | head -24
 done
+n=$(limit_failures "$LOG"); (( n == 0 )) || { echo "== $n step(s) timed out or failed (see $LOG)"; exit 1; }

@@ -20,6 +20,7 @@
 # in $OUT/record.log. The device copy has no .git: pass FOSCAR_GIT_SHA=<commit> for the store.
 # The FlashInfer wheels travel in .whl (scripts/../shared/gpu/wheelhouse.sh fills it).
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/limit.sh"  # limit: timeout that says so in the log
 export PYTHONUNBUFFERED=1 PYTHONPATH=. FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-$PWD/.foscar-cache}
 OUT=${OUT:-out}; W=$OUT/record; mkdir -p "$W"
 LOG=$OUT/record.log
@@ -53,7 +54,7 @@ for stage in $STAGES; do
     echo "== $stage $(date -u +%T) $(smi)" | tee -a "$LOG"
     case $stage in
     tests)  # the kernels' and the harness's GPU tests, default build
-        timeout 240 python3 -m pytest -q -p no:cacheprovider tests/foscar/test_kernels_gpu.py \
+        limit 240 python3 -m pytest -q -p no:cacheprovider tests/foscar/test_kernels_gpu.py \
             tests/foscar/test_cache_gpu.py tests/suite/test_gpu.py tests/suite/test_readfloor.py 2>&1 | tee "$W/pytest_gpu.txt" | tail -15 | tee -a "$LOG" ;;
     lab)    # build variants, check each at the headline shape, time them interleaved; then every mode
         VARIANTS="$LAB_VARIANTS" CONFIGS=4ct,2ct OUT="$W/lab" LAB_TIMEOUT=200 bash scripts/h200_lab.sh 2>&1 | tail -14 | tee -a "$LOG"
@@ -61,43 +62,44 @@ for stage in $STAGES; do
             bash scripts/h200_lab.sh 2>&1 | tail -12 | tee -a "$LOG" ;;
     profile)  # stall reasons per SASS instruction, the default build at the headline shape
         VARIANTS="v7=" PROFILE=v7 CONFIGS=4ct,2ct OUT="$W/ncu" LAB_TIMEOUT=120 bash scripts/h200_lab.sh 2>&1 \
-            | grep -E "Duration|Issued Warp|Eligible|Warp Cycles" | tee -a "$LOG" ;;
+            | grep -E "Duration|Issued Warp|Eligible|Warp Cycles|^== (TIMED OUT|FAILED|[0-9]+ step)" | tee -a "$LOG" ;;
     accuracy)  # error against float64 at 4K-256K, every mode and width, batch 1 (docs/PERFORMANCE.md, v7)
-        timeout 300 python3 scripts/accuracy_long.py --bits 2,4 --modes ct,tt,tc,cc --kv-len 4k,32k,128k,256k \
+        limit 300 python3 scripts/accuracy_long.py --bits 2,4 --modes ct,tt,tc,cc --kv-len 4k,32k,128k,256k \
             --batch 1 --json "$W/acc_b1.json" 2>&1 | tail -34 | tee -a "$LOG" ;;
     paper)
-        timeout 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" --run-id "${PAPER_RUN:-paper-$GPU-$SHA}" \
+        limit 540 python3 -m suite sweep --preset paper --backends "$BACKENDS_PAPER" --db "$W/paper.sqlite" --run-id "${PAPER_RUN:-paper-$GPU-$SHA}" \
             ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
     tokenk)  # the paper point with token-wise K (both V modes): the grid and `paper` are K channel-wise
-        timeout 300 python3 -m suite sweep --preset paper --backends foscar-int4,foscar-int2 --k-mode token --v-mode token,channel \
+        limit 300 python3 -m suite sweep --preset paper --backends foscar-int4,foscar-int2 --k-mode token --v-mode token,channel \
             --db "$W/paper.sqlite" --run-id "paper-tokenk-$GPU-$SHA" ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -12 | tee -a "$LOG" ;;
     alu)
         RUN=$(python3 -c "from core.store import ResultStore; print(ResultStore('$W/paper.sqlite', readonly=True).latest_run())")
-        timeout 240 python3 -m suite alu -b "$ALU_BACKENDS" \
+        limit 240 python3 -m suite alu -b "$ALU_BACKENDS" \
             --batch 128 --kv-len 32768 --iters 2 --run "$RUN" --db "$W/paper.sqlite" --json-out "$W/alu.json" 2>&1 | tail -16 | tee -a "$LOG" ;;
     full)
-        timeout 540 python3 -m suite sweep --preset full --backends "$BACKENDS_FULL" --db "$W/full.sqlite" \
+        limit 540 python3 -m suite sweep --preset full --backends "$BACKENDS_FULL" --db "$W/full.sqlite" \
             ${RESUME:+--resume "$RESUME"} ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -20 | tee -a "$LOG" ;;
     grid)  # the 16 cases of issue 11's geo-means, every backend that has them
-        timeout 400 python3 -m suite sweep --preset full --kv-len "$GRID_KV" --backends "$BACKENDS_FULL" --db "$W/grid.sqlite" \
+        limit 400 python3 -m suite sweep --preset full --kv-len "$GRID_KV" --backends "$BACKENDS_FULL" --db "$W/grid.sqlite" \
             --run-id "grid-$GPU-$SHA" ${CEILING:+--ceiling-from "$CEILING"} --no-progress 2>&1 | tail -24 | tee -a "$LOG" ;;
     floor)  # the fastest cold read of each grid case's bytes: what bounds the geo-means (docs/MEASUREMENT.md)
-        timeout 200 python3 -m suite ceiling --floor --db "$W/grid.sqlite" --run "grid-$GPU-$SHA" \
+        limit 200 python3 -m suite ceiling --floor --db "$W/grid.sqlite" --run "grid-$GPU-$SHA" \
             --json-out "$W/floor_${GPU}_grid_$SHA.json" 2>&1 | tail -24 | tee -a "$LOG" ;;
     ceiling)  # the read ceiling, searched over kernels and launch shapes, with its spread
-        timeout 300 python3 -m suite ceiling --json "$W/ceiling.json" 2>&1 | tail -14 | tee -a "$LOG"
+        limit 300 python3 -m suite ceiling --json "$W/ceiling.json" 2>&1 | tail -14 | tee -a "$LOG"
         # later stages, and later calls on the same machine, reuse it
         [[ -s "$W/ceiling.json" ]] && mkdir -p "$FOSCAR_CACHE_DIR" && cp "$W/ceiling.json" "$FOSCAR_CACHE_DIR/ceiling.json" ;;
     nvfp4)  # flashinfer-nvfp4-tc against FlashInfer's own timer and benchmark configuration
-        timeout 540 python3 scripts/flashinfer_nvfp4_check.py --json "$W/nvfp4_check.json" 2>&1 | tail -10 | tee -a "$LOG" ;;
+        limit 540 python3 scripts/flashinfer_nvfp4_check.py --json "$W/nvfp4_check.json" 2>&1 | tail -10 | tee -a "$LOG" ;;
     bdbuild)  # BitDecoding's extension for sm_90 (about 2.5 minutes); kept in .bitdecoding/build
-        timeout 560 python3 scripts/bitdecoding_build.py --src .bitdecoding 2>&1 | tail -5 | tee -a "$LOG"
+        limit 560 python3 scripts/bitdecoding_build.py --src .bitdecoding 2>&1 | tail -5 | tee -a "$LOG"
         export PYTHONPATH=$PWD/.bitdecoding/build:$PWD/.bitdecoding:$PYTHONPATH ;;
     bdprobe)  # its error against unquantized attention beside plain min-max, and its cache read back
-        timeout 420 python3 scripts/bitdecoding_probe.py --json "$W/bitdecoding_probe.json" 2>&1 | grep -v '^{' \
+        limit 420 python3 scripts/bitdecoding_probe.py --json "$W/bitdecoding_probe.json" 2>&1 | grep -v '^{' \
             | tee -a "$LOG" ;;
     *) echo "unknown stage $stage (tests lab profile accuracy paper tokenk alu full grid floor ceiling nvfp4 bdbuild bdprobe)" | tee -a "$LOG" ;;
     esac
     pack
 done
 echo "== end $(date -u +%T) $(smi)" | tee -a "$LOG"
+n=$(limit_failures "$LOG"); (( n == 0 )) || { echo "== $n stage step(s) timed out or failed" | tee -a "$LOG"; exit 1; }

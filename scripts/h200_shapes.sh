@@ -7,6 +7,7 @@
 #     LAB_ARGS="--prebuilt v31=... --prebuilt c4=..." bash scripts/h200_shapes.sh
 # Timelines are scripts/h200_lab.sh's (TIMELINE=, TIMELINE_SHAPES=, TIMING=0), in the same call.
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/limit.sh"  # limit: timeout that says so in the log
 export PYTHONUNBUFFERED=1 PYTHONPATH=. FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-$PWD/.foscar-cache}
 OUT=${OUT:-out}; TAG=${TAG:-lab}; mkdir -p "$OUT"; LOG=$OUT/$TAG.log
 smi() { nvidia-smi --query-gpu=name,uuid,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv,noheader; }
@@ -14,7 +15,7 @@ smi | tee "$LOG"
 IFS=';' read -ra shapes <<< "${SHAPES:-}"
 for shape in "${shapes[@]}"; do
     read -r b kv cfg rounds g <<< "$shape"
-    timeout 240 python3 scripts/kernel_lab.py ${LAB_ARGS:-} --batch "$b" --kv-len "$kv" --configs "$cfg" \
+    limit 240 python3 scripts/kernel_lab.py ${LAB_ARGS:-} --batch "$b" --kv-len "$kv" --configs "$cfg" \
         --rounds "${rounds:-1}" ${g:+--group "$g"} --json "$OUT/lab_${TAG}_b${b}_kv${kv}${g:+_g$g}.json" 2>&1 \
         | grep -vE '^\{' | tee -a "$LOG"
 done
@@ -24,3 +25,4 @@ jsons=("$OUT"/lab_"${TAG}"_b*.json)
 if (( ${#jsons[@]} > 6 )); then  # an unmatched glob leaves one element
     tar -C "$OUT" -czf "$OUT/lab_${TAG}.tar.gz" "${jsons[@]#"$OUT"/}" && rm -f "${jsons[@]}"
 fi
+n=$(limit_failures "$LOG"); (( n == 0 )) || { echo "== $n shape(s) timed out or failed" | tee -a "$LOG"; exit 1; }

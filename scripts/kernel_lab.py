@@ -62,6 +62,8 @@ def parse_splits(spec: str | None) -> list[int | None]:
         raise SystemExit(f"--splits {spec!r}: expected a comma list of integers or 'plan', e.g. plan,8,16,32") from None
     if any(n is not None and n < 1 for n in splits):
         raise SystemExit(f"--splits {spec!r}: split counts must be >= 1")
+    if len(set(splits)) < len(splits):  # two rows of one label
+        raise SystemExit(f"--splits {spec!r}: a split count twice")
     return splits
 
 
@@ -85,9 +87,25 @@ def parse_variant(spec: str) -> tuple[str, tuple[str, ...]]:
 
 def parse_config(spec: str) -> tuple[int, str, str, str]:
     """'4ct' -> (bits, k_mode, v_mode, kernel variant); a trailing 'd' is the dequant ablation."""
-    if len(spec) < 3 or spec[0] not in "24" or spec[1] not in MODES or spec[2] not in MODES:
+    if (len(spec) not in (3, 4) or spec[0] not in "24" or spec[1] not in MODES or spec[2] not in MODES
+            or spec[3:] not in ("", "d")):  # "4ct2ct" (a comma missed) is no 4ct
         raise SystemExit(f"--configs entry {spec!r}: expected bits + K mode + V mode, e.g. 4ct")
     return int(spec[0]), MODES[spec[1]], MODES[spec[2]], "dequant" if spec.endswith("d") else "fold"
+
+
+def unique_names(variants: list, prebuilt: dict[str, str]) -> None:
+    """Each --variant and --prebuilt name once: a second one of a name would replace the first's
+    library while both kept their labels, so rows would name a build they did not measure."""
+    names = [n for n, _ in variants] + list(prebuilt)
+    if dups := sorted({n for n in names if names.count(n) > 1}):
+        raise SystemExit(f"--variant/--prebuilt names used twice: {', '.join(dups)}")
+
+
+def turns(backends: list, round_: int) -> list:
+    """The order of round round_: each round starts one later, so that over the rounds no
+    variant is always the first measured (after the builds, the check's warm-up) or the last."""
+    k = round_ % len(backends) if backends else 0
+    return backends[k:] + backends[:k]
 
 
 def make_case(args: argparse.Namespace, spec: str):
@@ -369,11 +387,14 @@ def main() -> int:
     if args.profile and args.timeline:
         raise SystemExit("--profile and --timeline each run one variant their own way: pass one")
     prebuilt = parse_prebuilt(args.prebuilt)
+    unique_names(variants, prebuilt)
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: at least 1")
     if args.profile:
         variants, prebuilt = profiled(variants, prebuilt, args.profile)
     if args.timeline:
         variants, prebuilt = timelined(variants, prebuilt, args.timeline)
-    specs = args.configs.split(",")
+    specs = [c.strip() for c in args.configs.split(",") if c.strip()]
     splits = parse_splits(args.splits)
     heads = parse_heads(args.heads_per_item)
     instances = parse_instances(args.instances)
@@ -383,7 +404,9 @@ def main() -> int:
     from suite.runner import measure
     from suite.worker import make_context
 
-    if args.max_item_chunks:
+    if args.max_item_chunks is not None:  # 0 was dropped silently
+        if args.max_item_chunks < 1:
+            raise SystemExit(f"--max-item-chunks {args.max_item_chunks}: at least 1")
         from foscar import kernels
         kernels.MAX_ITEM_CHUNKS = {bits: args.max_item_chunks for bits in kernels.MAX_ITEM_CHUNKS}
     libs = build_variants(variants)
@@ -413,7 +436,7 @@ def main() -> int:
                     print_timeline(t, rows=not args.json)
             continue
         for round_ in range(args.rounds):
-            for backend in backends:
+            for backend in turns(backends, round_):
                 record, fatal = measure(case, backend, ctx)
                 rows.append(lab_row(spec, backend.name, round_, record))
                 print(json.dumps(rows[-1], default=str), flush=True)

@@ -146,3 +146,25 @@ def test_rotation_copies_hold_the_reuse_distance(lab):
         assert c.page_table is cache.page_table
     assert len(lab.rotation_copies(cache, 10 ** 12, most=7)) == 7
     assert len(lab.rotation_copies(cache, 1)) == 1
+
+
+def test_command_line_refuses_what_it_would_mislabel(lab):
+    # A config with a tail ("4ct2ct", a comma missed) was measured as 4ct; a name given twice
+    # kept both labels on the last one's library; a split count twice gave two rows of one name.
+    for bad in ("4ct2ct", "4ctx", "4ctdd"):
+        with pytest.raises(SystemExit, match="expected bits"):
+            lab.parse_config(bad)
+    assert lab.parse_config("4ctd") == (4, "channel", "token", "dequant")
+    with pytest.raises(SystemExit, match="twice: a"):
+        lab.unique_names([("a", ()), ("a", ("-DX=1",))], {})
+    with pytest.raises(SystemExit, match="twice: old"):
+        lab.unique_names([("old", ())], {"old": "/tmp/old/libfoscar.so"})
+    lab.unique_names([("a", ()), ("b", ())], {"old": "/tmp/old/libfoscar.so"})
+    with pytest.raises(SystemExit, match="twice"):
+        lab.parse_splits("16,plan,16")
+
+
+def test_rounds_take_turns_first(lab):
+    # Each round starts one variant later: none is always measured first after the builds.
+    assert [lab.turns(list("abc"), r) for r in range(4)] == [list("abc"), list("bca"), list("cab"), list("abc")]
+    assert lab.turns([], 3) == []
