@@ -37,7 +37,7 @@ def _cols(tokens: torch.Tensor, page: int) -> torch.Tensor:
 
 
 def _packed(lens: torch.Tensor, config: QuantConfig) -> torch.Tensor:
-    return lens - lens % config.group_size if config.has_tail else lens
+    return lens - config.tail_len(lens)
 
 
 def _page_schedule(config: QuantConfig, lens: torch.Tensor, max_len: int):

@@ -139,8 +139,7 @@ def quantize(
     """
     lens = _check_quantize_inputs(k, v, seq_lens, config, extra_pages)
     batch, _, heads, dim = k.shape
-    group = config.group_size
-    tails = [n % group if config.has_tail else 0 for n in lens]
+    tails = [config.tail_len(n) for n in lens]
     packed = [n - t for n, t in zip(lens, tails)]
     cache = _allocate(config, batch, heads, dim, packed, extra_pages, shuffle_pages, seed, k.device)
     cache.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
@@ -481,7 +480,9 @@ def append(cache: QuantizedKVCache, k_new: torch.Tensor, v_new: torch.Tensor) ->
         _store(cache, "k", phys, slot, k_new[:, None].float())
         _store(cache, "v", phys, slot, v_new[:, None].float())
         cache.seq_lens += 1
-    cache._plan_memo = None  # foscar.kernels.forget_plans: the next decode plans the grown lengths
+    from foscar.kernels import forget_plans  # here: foscar.kernels imports this module
+
+    forget_plans(cache)  # the next decode plans the grown lengths
     return cache
 
 

@@ -51,6 +51,11 @@ class QuantConfig:
         """Channel-wise groups close every group_size tokens; the rest waits in a BF16 tail."""
         return "channel" in (self.k_mode, self.v_mode)
 
+    def tail_len(self, length):
+        """Tokens of a `length`-token sequence (an int or a tensor of them) in the BF16 tail;
+        the rest is packed in pages."""
+        return length % self.group_size if self.has_tail else 0
+
     @property
     def codes_per_word(self) -> int:
         return 32 // self.bits

@@ -10,7 +10,7 @@ import ctypes
 from dataclasses import dataclass, replace
 import math
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -53,13 +53,16 @@ ALT_MIN_CHUNKS = 8
 SECOND_INSTANCE_WIDTHS: tuple[tuple[str, tuple[int, ...]], ...] = (("H100 80GB HBM3", (2,)),)
 
 
+def _for_gpu(table: tuple[tuple[str, Any], ...], gpu_name: str | None) -> Any:
+    """The value of the first (GPU name, value) entry of `table` whose name is a substring of
+    `gpu_name` (torch.cuda.get_device_properties(...).name), or None."""
+    return next((value for needle, value in table if gpu_name and needle.lower() in gpu_name.lower()), None)
+
+
 def second_instance_widths(gpu_name: str | None) -> tuple[int, ...]:
     """The code widths whose kernels may run their second instance on the GPU named `gpu_name`
-    (torch.cuda.get_device_properties(...).name; None or unknown: both)."""
-    for needle, widths in SECOND_INSTANCE_WIDTHS:
-        if gpu_name and needle.lower() in gpu_name.lower():
-            return widths
-    return (2, 4)
+    (None or unknown: both)."""
+    return _for_gpu(SECOND_INSTANCE_WIDTHS, gpu_name) or (2, 4)
 
 
 VARIANTS = ("fold", "dequant")
@@ -167,10 +170,7 @@ PAIRING_RULES: tuple[tuple[str, dict[int, tuple[int, int]]], ...] = (
 def pairing_rule(gpu_name: str | None, bits: int | None) -> tuple[int, int]:
     """(rows, rows x chunks) from which the planner pairs KV heads for `bits`-bit codes on the GPU
     named `gpu_name` (PAIRING_RULES; None or unknown: PAIR_MIN_KV_ROWS rows, any work)."""
-    for needle, rules in PAIRING_RULES:
-        if gpu_name and needle.lower() in gpu_name.lower() and bits in rules:
-            return rules[bits]
-    return PAIR_MIN_KV_ROWS, 0
+    return (_for_gpu(PAIRING_RULES, gpu_name) or {}).get(bits, (PAIR_MIN_KV_ROWS, 0))
 
 
 def planned_kv_heads_per_item(batch: int, num_kv_heads: int, max_heads: int, *, bits: int | None = None,

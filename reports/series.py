@@ -6,6 +6,7 @@ import pandas as pd
 from core.record import TIMED_STATUSES
 from reports import noise
 from reports.plotting import kv_label
+from reports.tables import commit
 
 SHAPE_KEYS = ["batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim"]
 FORMAT_KEYS = ["bits", "k_mode", "v_mode", "group_size", "page_size"]
@@ -45,7 +46,7 @@ def points(runs: pd.DataFrame) -> pd.DataFrame:
         sha = run["git_sha"] if isinstance(run["git_sha"], str) and run["git_sha"] else None
         dirty = run["git_dirty"] in (1, True, "1")
         key = (sha, dirty) if sha else ("run", run["run_id"])
-        label = (sha[:8] + ("+dirty" if dirty else "")) if sha else f"run {run['run_id']}"
+        label = commit(sha, dirty) if sha else f"run {run['run_id']}"
         entry = rows.setdefault(key, {"label": label, "sha": sha, "run_ids": [], "started_at": run["started_at"]})
         entry["run_ids"].append(run["run_id"])
     out = pd.DataFrame(list(rows.values()), columns=["label", "sha", "run_ids", "started_at"])

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from core.case import MODELS, Case, axes
+from foscar.config import BITS as INT_BITS, GROUP_SIZES, MODES
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -29,10 +30,7 @@ POSITIVE = ("batch", "kv_len", "page_size", "num_q_heads", "num_kv_heads", "head
 # foscar.config: widths 2 and 4, these group sizes, K and V each token- or channel-wise.
 # A full-precision format's case (what its reproducer spells out) has modes 'none', group
 # size 0 and its own width: 16 (BF16), 8 (FP8) or 4 (NVFP4).
-INT_BITS = (2, 4)
 FLOAT_BITS = (4, 8, 16)
-GROUP_SIZES = (32, 64, 128)
-MODES = ("token", "channel")
 NO_MODE = "none"
 ALLOWED = {
     "bits": tuple(sorted(set(INT_BITS) | set(FLOAT_BITS))),

@@ -8,6 +8,7 @@ foscar::foscar_decode_kernel<BITS, D, G, K_CHANNELWISE, V_CHANNELWISE, DEQUANT>.
 """
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -46,15 +47,16 @@ def decode_kernel_regex(case: Any, dequant: bool, max_heads: int | None) -> str:
     runs `case`: heads as foscar.kernels plans them from `max_heads` (the build's
     foscar_kv_heads_per_item; None: any), the kernel's own instance (a second one, at other CTAs
     per SM, foscar_ctas_per_sm_alt, runs the same code at fewer registers)."""
+    from baselines.foscar import quant_config
     from foscar.kernels import CHUNK_TOKENS, planned_kv_heads_per_item
 
     b = lambda flag: "1" if flag else "0"  # noqa: E731 - Itanium mangling of bool template args
     if max_heads is None:
         heads = r"\d+"
-    else:  # as the planner pairs on this GPU: the packed chunks (a channel-wise cache keeps L mod G in its tail)
-        tail = case.kv_len % case.group_size if "channel" in (case.k_mode, case.v_mode) else 0
+    else:  # as the planner pairs on this GPU, over the chunks held in pages
+        packed = case.kv_len - quant_config(case).tail_len(case.kv_len)
         heads = planned_kv_heads_per_item(case.batch, case.num_kv_heads, max_heads, bits=case.bits,
-                                          max_chunks=-(-(case.kv_len - tail) // CHUNK_TOKENS), gpu_name=_gpu_name())
+                                          max_chunks=math.ceil(packed / CHUNK_TOKENS), gpu_name=_gpu_name())
     return (
         f"foscar_decode_kernelILi{case.bits}ELi{case.group_size}E"
         f"Lb{b(case.k_mode == 'channel')}ELb{b(case.v_mode == 'channel')}ELb{b(dequant)}ELi{heads}ELi0E"

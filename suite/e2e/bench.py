@@ -343,6 +343,7 @@ def capacity(bench: Bench, backend: Backend, kv_len: int, steps: int, budget_byt
                 "reason": f"one sequence needs {per_seq / 1e9:.1f} GB; the budget is {budget_bytes / 1e9:.1f} GB."}
     attempts: list[dict[str, Any]] = []
     fits = fails = best = None
+    ooms = 0
     batch: int | None = int(estimate)
     while batch is not None:
         rec = measure(bench, backend, batch, kv_len, steps, mode="capacity", budget_bytes=budget_bytes)
@@ -350,10 +351,9 @@ def capacity(bench: Bench, backend: Backend, kv_len: int, steps: int, budget_byt
         if rec["status"] == "passed":
             fits, best = batch, rec
         elif rec["status"] == "oom":
-            fails = batch
+            fails, ooms = batch, ooms + 1
         else:  # neither ran nor ran out of memory: nothing to bisect on
             break
-        ooms = sum(a["status"] == "oom" for a in attempts)
         following = next_capacity_batch(fits, fails, ooms)
         if following is not None:
             what = "ran out of memory" if rec["status"] == "oom" else "ran"
@@ -361,7 +361,7 @@ def capacity(bench: Bench, backend: Backend, kv_len: int, steps: int, budget_byt
         batch = following
     final = best if best is not None else rec
     final.update(capacity_estimate=int(estimate), capacity_batch=fits if fits is not None else attempts[-1]["batch"],
-                 bytes_per_seq=per_seq, capacity_backoffs=sum(a["status"] == "oom" for a in attempts),
+                 bytes_per_seq=per_seq, capacity_backoffs=ooms,
                  capacity_attempts=attempts)
     return final
 
