@@ -6,7 +6,8 @@
 # scripts/probe_tc.py (the Tensor Cores' arithmetic); PROFILE_CONFIGS limits what ncu profiles;
 # TIMELINE=NAME (a variant built with FOSCAR_TIMELINE=1) records one launch's per-CTA phases at
 # each of TIMELINE_SHAPES (batch:kv_len, default 1:128 1:4096 1:32768 1:131072) into
-# $OUT/timeline_b<batch>_kv<len>.json; TIMING=0 skips the timed comparison:
+# $OUT/timeline_b<batch>_kv<len>.json (packed into $OUT/timelines.tar.gz where the call would
+# otherwise bring back more than 8 files); TIMING=0 skips the timed comparison:
 #   VARIANTS="tl=FOSCAR_TIMELINE=1" TIMELINE=tl TIMING=0 bash scripts/h200_lab.sh
 # Libraries built here beforehand travel in .foscar-cache (FOSCAR_CACHE_DIR); a key that
 # does not match the box's nvcc rebuilds there.
@@ -55,4 +56,10 @@ for name in $PROFILE; do
     grep -E "Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Achieved Occupancy|Duration|DRAM Throughput" \
         "$OUT/ncu_details_$name.csv" | cut -c1-220 | head -24
 done
+# A device call brings back at most 8 files: past that, the timelines travel as one tarball.
+shopt -s nullglob
+files=("$OUT"/*); timelines=("$OUT"/timeline_b*.json)
+if (( ${#files[@]} > 8 && ${#timelines[@]} > 1 )); then
+    tar -C "$OUT" -czf "$OUT/timelines.tar.gz" "${timelines[@]#"$OUT"/}" && rm -f "${timelines[@]}"
+fi
 n=$(limit_failures "$LOG"); (( n == 0 )) || { echo "== $n step(s) timed out or failed (see $LOG)"; exit 1; }
