@@ -20,8 +20,12 @@ def load() -> pd.DataFrame:
 
 
 def lookup(source_id: str, table: str, metric: str, backend: str, gpu: str | None = None,
-           over_backend: str | None = None) -> tuple[float | None, str]:
-    """(value, qualifier) of one figure, or (None, '') when the source has none."""
+           over_backend: str | None = None, batch: int | None = None,
+           kv_len: int | None = None) -> tuple[float | None, str]:
+    """(value, qualifier) of one figure, or (None, '') when the source has none. `batch` and
+    `kv_len` pick the row of one case where a source holds the same figure at several (our
+    bandwidth targets at batch 128, KV 32K and at batch 1, KV 128K); left out, the first row
+    matching the rest counts, as before."""
     df = load()
     hit = df[(df["source_id"] == source_id) & (df["table"] == table) & (df["metric"] == metric)
              & (df["backend"] == backend)]
@@ -29,11 +33,21 @@ def lookup(source_id: str, table: str, metric: str, backend: str, gpu: str | Non
         hit = hit[hit["gpu"] == gpu]
     if over_backend is not None:
         hit = hit[hit["over_backend"] == over_backend]
+    if batch is not None:
+        hit = hit[hit["batch"] == batch]
+    if kv_len is not None:
+        hit = hit[hit["kv_len"] == kv_len]
     if hit.empty:
         return None, ""
     row = hit.iloc[0]
     value = None if pd.isna(row["value"]) else float(row["value"])
     return value, row["qualifier"]
+
+
+def targets() -> pd.DataFrame:
+    """Our targets (source `targets`), one row per goal, in the file's order."""
+    df = load()
+    return df[df["source_id"] == "targets"].reset_index(drop=True)
 
 
 def sources_text() -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from reports import accuracy, bound as bound_section, captions, e2e, html, paper, roofline, scaling, tables
+from reports import targets as targets_section
 from reports.gpu import above_ceiling, gpu_facts
 from reports.plotting import save
 from reports.source import Results, latest_per_case
@@ -56,6 +57,7 @@ def build_report(results: Results, out_dir: Path, title: str = "FOSCAR decode-at
     page.body.extend(html.note(n) for n in results.notes)
     if records.empty:
         page.body.append(html.note("The selected runs hold no records: every figure and table below is empty."))
+    targets_section.section(page, results)
     _paper_sections(page, records)
     bound_section.section(page, results, bound)
     for gpu in sorted(records["gpu_name"].unique()):

@@ -99,7 +99,8 @@ def _bandwidth_row(backend: str, r, paper_kernel: str = "") -> dict:
                     "" if g.empty else g["qualifier"].iloc[0])
             h100, b200 = (pair, b200) if gpu == "H100" else (h100, pair)
     ref, _ = paper.lookup("h200-ref", "bandwidth", "frac_peak_bus", backend) if backend else (None, "")
-    target, tq = paper.lookup("targets", "bandwidth", "frac_peak_bus", backend) if backend else (None, "")
+    target, tq = (paper.lookup("targets", "bandwidth", "frac_peak_bus", backend, batch=HEADLINE_BATCH,
+                               kv_len=HEADLINE_KV) if backend else (None, ""))
     get = (lambda c: r[c]) if r is not None else (lambda c: None)
     return {
         "measured": r is not None,

@@ -14,7 +14,7 @@ app = typer.Typer(
 
 # One module per command keeps each command's options next to its code. Order is the
 # order `--help` lists them in.
-COMMANDS = ("build", "sweep", "results", "report", "alu", "dashboard", "compare", "env", "ceiling", "e2e")
+COMMANDS = ("build", "sweep", "results", "report", "targets", "alu", "dashboard", "compare", "env", "ceiling", "e2e")
 
 for _name in COMMANDS:
     importlib.import_module(f"suite.commands.{_name}").register(app)
