@@ -25,7 +25,7 @@ def lookup(source_id: str, table: str, metric: str, backend: str, gpu: str | Non
     """(value, qualifier) of one figure, or (None, '') when the source has none. `batch` and
     `kv_len` pick the row of one case where a source holds the same figure at several (our
     bandwidth targets at batch 128, KV 32K and at batch 1, KV 128K); left out, the first row
-    matching the rest counts, as before."""
+    matching the rest must then be the only figure (ambiguous lookups are refused)."""
     df = load()
     hit = df[(df["source_id"] == source_id) & (df["table"] == table) & (df["metric"] == metric)
              & (df["backend"] == backend)]
@@ -39,6 +39,9 @@ def lookup(source_id: str, table: str, metric: str, backend: str, gpu: str | Non
         hit = hit[hit["kv_len"] == kv_len]
     if hit.empty:
         return None, ""
+    if len(hit) > 1 and hit[["value", "qualifier"]].drop_duplicates().shape[0] > 1:
+        raise ValueError(f"reports/data/paper.csv holds {len(hit)} different {source_id}/{table}/{metric} figures for "
+                         f"{backend} (gpu {gpu}, over {over_backend}, batch {batch}, KV {kv_len}): name the case")
     row = hit.iloc[0]
     value = None if pd.isna(row["value"]) else float(row["value"])
     return value, row["qualifier"]

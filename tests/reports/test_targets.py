@@ -63,8 +63,9 @@ def test_the_batch_1_row_is_its_own_target():
     # the batch-1 goals are 80 % for both widths, the batch-128 ones 93 % and 85 %
     assert paper.lookup("targets", "bandwidth", "frac_peak_bus", "foscar-int4", batch=1, kv_len=131072) == (0.8, ">=")
     assert paper.lookup("targets", "bandwidth", "frac_peak_bus", "foscar-int4", batch=128, kv_len=32768)[0] == 0.93
-    # callers that name no case get the batch-128 row, as before
-    assert paper.lookup("targets", "bandwidth", "frac_peak_bus", "foscar-int2") == (0.85, ">=")
+    # a caller that names no case where two figures differ is refused, not given the first row
+    with pytest.raises(ValueError, match="name the case"):
+        paper.lookup("targets", "bandwidth", "frac_peak_bus", "foscar-int2")
     rows = card(tr.grid(change={("foscar-int4", 1, 131072): {"frac": 0.79}}))
     assert rows[INT4_B1].goal == 0.8 and rows[INT4_B1].case == "batch 1, KV 131072"
     assert rows[INT4_B1].status == targets.MISSED and rows[INT4_B1].measured == pytest.approx(0.79)
