@@ -10,6 +10,7 @@
 #     ALU_BACKENDS=foscar-int4,foscar-int2 bash scripts/h200_record.sh
 #                                 a kernel version through the harness in one call (about 4 minutes):
 #                                 the 16-case grid (runs grid-<gpu>-<sha>, paper-<gpu>-<sha>) and its read floor
+#   STAGES="... targets"                                  last: the targets scorecard over this call's grid and paper runs
 #   STAGES="ceiling nvfp4" bash scripts/h200_record.sh       the searched read ceiling; FlashInfer NVFP4 vs its own timer
 #   STAGES="bdbuild bdprobe" bash scripts/h200_record.sh     build BitDecoding (carried in .bitdecoding/), probe INT4/INT2
 # With .bitdecoding/build present (bdbuild), `paper` times BitDecoding too. The `ceiling`
@@ -85,6 +86,12 @@ for stage in $STAGES; do
     floor)  # the fastest cold read of each grid case's bytes: what bounds the geo-means (docs/MEASUREMENT.md)
         limit 200 python3 -m suite ceiling --floor --db "$W/grid.sqlite" --run "grid-$GPU-$SHA" \
             --json-out "$W/floor_${GPU}_grid_$SHA.json" 2>&1 | tail -24 | tee -a "$LOG" ;;
+    targets)  # the targets scorecard over this call's grid and paper runs, on the card that ran them
+        dbs=(); runs=()
+        for db in "$W"/grid.sqlite "$W"/paper.sqlite; do [[ -s $db ]] && dbs+=(--db "$db"); done
+        for r in "grid-$GPU-$SHA" "${PAPER_RUN:-paper-$GPU-$SHA}"; do runs+=(--run "$r"); done
+        (( ${#dbs[@]} )) && limit 120 python3 -m suite targets "${dbs[@]}" "${runs[@]}" --gpu "$GPU" \
+            --json-out "$W/targets.json" 2>&1 | tail -40 | tee -a "$LOG" ;;
     ceiling)  # the read ceiling, searched over kernels and launch shapes, with its spread
         limit 300 python3 -m suite ceiling --json "$W/ceiling.json" 2>&1 | tail -14 | tee -a "$LOG"
         # later stages, and later calls on the same machine, reuse it
