@@ -161,7 +161,8 @@ def case_speedups(records: pd.DataFrame) -> pd.DataFrame:
     Our records count when they passed; a baseline's when it carries a time, `inaccurate`
     ones too (a third party timed although its check failed), flagged in `over_inaccurate`.
     A baseline that ran one shape in several formats (e.g. two K/V modes) contributes the
-    median of its times for that shape; each format of ours is a case of its own.
+    median of its times for that shape; each format of ours is a case of its own, and records of
+    ours that differ only in page size or seed count once, with their median.
     """
     ok = catalog.timed(records)
     ours = ok[[catalog.is_ours(b, f) and st == "passed" for b, f, st in zip(ok["backend"], ok["family"], ok["status"])]]
@@ -173,6 +174,11 @@ def case_speedups(records: pd.DataFrame) -> pd.DataFrame:
     base_t = base.groupby([*SHAPE, "backend"], as_index=False).agg(
         median_us=("median_us", "median"), over_inaccurate=("over_inaccurate", "any"))
     base_t = base_t.rename(columns={"backend": "over", "median_us": "over_us"})
+    # One case per shape and format of ours, as for the baselines: records of one shape that
+    # differ only in what the shape leaves out (page size, seed) count once, with their median
+    # time and the last record's run and commit.
+    ours = ours.groupby([*SHAPE, "backend", *OURS_FORMAT], as_index=False, dropna=False).agg(
+        median_us=("median_us", "median"), **{c: (c, "last") for c in RECORD_OF})
     pairs = ours[[*SHAPE, "backend", *OURS_FORMAT, *RECORD_OF, "median_us"]].merge(base_t, on=SHAPE)
     pairs = pairs.rename(columns={"median_us": "ours_us"})
     pairs["speedup"] = pairs["over_us"] / pairs["ours_us"]

@@ -169,3 +169,26 @@ def test_bundled_speedups_are_per_format_and_agree_with_the_bound(rendered_bundl
     text = rendered_bundled.read_text()
     section1 = text.split('id="bandwidth"')[1].split("<h2")[0]
     assert "<th>commit</th>" in section1 and "a65701e" in section1 and "89c3f30" in section1
+
+
+def test_a_shape_of_ours_in_two_page_sizes_counts_once():
+    # Records that differ only in what the shape leaves out (here the page size) are one case:
+    # counted twice, they would weigh that shape double in every geo-mean.
+    from reports import tables
+
+    shape = {"gpu_name": "NVIDIA H200", "batch": 8, "kv_len": 4096, "num_q_heads": 32, "num_kv_heads": 8,
+             "head_dim": 128}
+    fmt = {"k_mode": "channel", "v_mode": "token", "group_size": 128}
+
+    def rec(backend, us, page, run="r1"):
+        return {**shape, **fmt, "backend": backend, "family": "foscar" if backend.startswith("foscar") else "flashinfer",
+                "status": "passed", "median_us": us, "page_size": page, "run_id": run, "git_sha": "abc",
+                "git_dirty": 0}
+
+    records = pd.DataFrame([rec("foscar-int4", 10.0, 16), rec("foscar-int4", 20.0, 128, "r2"),
+                            rec("flashinfer-bf16-tc", 60.0, 16)])
+    pairs = tables.case_speedups(records)
+    assert len(pairs) == 1
+    assert pairs["ours_us"].iloc[0] == pytest.approx(15.0) and pairs["speedup"].iloc[0] == pytest.approx(4.0)
+    assert pairs["run_id"].iloc[0] == "r2"
+    assert tables.speedup_table(records).frame["n_cases"].tolist() == [1]
