@@ -192,3 +192,21 @@ def test_a_shape_of_ours_in_two_page_sizes_counts_once():
     assert pairs["ours_us"].iloc[0] == pytest.approx(15.0) and pairs["speedup"].iloc[0] == pytest.approx(4.0)
     assert pairs["run_id"].iloc[0] == "r2"
     assert tables.speedup_table(records).frame["n_cases"].tolist() == [1]
+
+
+def test_the_paper_bandwidth_table_keeps_the_papers_heads():
+    # Another model at batch 128 / KV 32K is not a row of the paper's table; a note says so.
+    from reports import tables
+
+    def rec(heads, us):
+        q, kv = heads
+        return {"gpu_name": "NVIDIA H200", "batch": 128, "kv_len": 32768, "num_q_heads": q, "num_kv_heads": kv,
+                "head_dim": 128, "backend": "foscar-int4", "family": "foscar", "status": "passed", "median_us": us,
+                "frac_peak_bus": 0.9, "k_mode": "channel", "v_mode": "token", "group_size": 128, "run_id": "r1",
+                "git_sha": "abc", "git_dirty": 0, "bits": 4, "eff_bandwidth_tbps": 4.3,
+                "frac_peak_datasheet": 0.9, "frac_read_ceiling": 0.92}
+
+    records = pd.DataFrame([rec((32, 8), 1000.0), rec((64, 8), 2000.0)])
+    assert len(tables.headline(records)) == 1
+    table = tables.bandwidth_table(records)
+    assert "1 record(s) at batch 128, KV 32K with other heads" in " ".join(table.notes)
