@@ -6,6 +6,7 @@ import pandas as pd
 from core.record import TIMED_STATUSES
 from reports import noise
 from reports.plotting import kv_label
+from reports.source import oldest_first
 from reports.tables import commit
 
 SHAPE_KEYS = ["batch", "kv_len", "num_q_heads", "num_kv_heads", "head_dim"]
@@ -56,8 +57,7 @@ def points(runs: pd.DataFrame) -> pd.DataFrame:
 
 def latest_records(records: pd.DataFrame) -> pd.DataFrame:
     """The newest record of each series among `records` (reruns at one commit count once)."""
-    order = records.sort_values(["started_at", "created_at"], na_position="first", kind="stable")
-    return order.drop_duplicates(SERIES_KEYS, keep="last")
+    return oldest_first(records).drop_duplicates(SERIES_KEYS, keep="last")
 
 
 def per_point(records: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:

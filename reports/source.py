@@ -129,12 +129,16 @@ def open_bundled() -> Results:
     return results
 
 
+def oldest_first(records: pd.DataFrame) -> pd.DataFrame:
+    """Records by their run's start, then their own creation: the newest last."""
+    return records.sort_values(["started_at", "created_at"], na_position="first", kind="stable")
+
+
 def latest_per_case(records: pd.DataFrame) -> pd.DataFrame:
     """One record per (GPU, case, backend): the newest, so reruns and resumes count once."""
     if records.empty:
         return records
-    order = records.sort_values(["started_at", "created_at"], na_position="first", kind="stable")
-    return order.drop_duplicates(["gpu_name", "case_key", "backend"], keep="last")
+    return oldest_first(records).drop_duplicates(["gpu_name", "case_key", "backend"], keep="last")
 
 
 def select_runs(results: Results, names: list[str] | None) -> Results:

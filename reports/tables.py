@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from core.case import MODELS
 from reports import catalog, paper
 
 HEADLINE_BATCH = 128
@@ -55,7 +56,7 @@ def fmt_label(row) -> str:
     return f"K {row['k_mode']}, V {row['v_mode']}, g{int(row['group_size'])}"
 
 
-HEADLINE_HEADS = (32, 8, 128)  # the paper's table: Llama-3-8B's query heads, KV heads, head_dim
+HEADLINE_HEADS = MODELS["llama3-8b"]  # the paper's table: Llama-3-8B's query heads, KV heads, head_dim
 
 
 def headline(records: pd.DataFrame) -> pd.DataFrame:
@@ -87,8 +88,9 @@ def bandwidth_table(records: pd.DataFrame) -> Table:
     notes = []
     other = records[(records["batch"] == HEADLINE_BATCH) & (records["kv_len"] == HEADLINE_KV)]
     if len(other) > len(head):
+        q, kv, d = HEADLINE_HEADS
         notes.append(f"{len(other) - len(head)} record(s) at batch {HEADLINE_BATCH}, KV {HEADLINE_KV // 1024}K "
-                     "with other heads than Llama-3-8B's (32 query, 8 KV, head_dim 128) are left out of this "
+                     f"with other heads than Llama-3-8B's ({q} query, {kv} KV, head_dim {d}) are left out of this "
                      "table, which is the paper's; sections 3 and 4 plot them.")
     if head.empty:
         notes.append(

@@ -34,7 +34,7 @@ import pandas as pd
 
 from core.case import MODELS, Case
 from reports import catalog, html, paper, tables
-from reports.source import Results, from_frames, latest_per_case, select_runs
+from reports.source import Results, from_frames, latest_per_case, oldest_first, select_runs
 
 MET, MISSED, NOT_MEASURED = "met", "missed", "not measured"
 GRID_BATCHES = (1, 8, 32, 128)
@@ -339,7 +339,6 @@ def _speedup(row: TargetRow, t, scope: Scope, ours: list[str]) -> TargetRow:
     paired = _paired_cases(scope, t.backend, t.over_backend)
     row.cases, row.measured = int(g["n_cases"]), float(g["geomean_speedup"])
     row.measured_text = (f"{row.measured:.2f}x over " + ("the 16 cases" if row.cases == GRID_CASES
-                                                         else f"{row.cases} cases" if row.cases > GRID_CASES
                                                          else f"{row.cases} of the {GRID_CASES} cases")
                          + (f" ({int(g['n_over_inaccurate'])} over an inaccurate baseline)"
                             if g["n_over_inaccurate"] else ""))
@@ -347,13 +346,9 @@ def _speedup(row: TargetRow, t, scope: Scope, ours: list[str]) -> TargetRow:
     row.commits = g["ours_commits"].replace(",", ", ")
     if failed:
         return _set(row, MISSED, failed)
-    if row.cases < GRID_CASES:
+    if row.cases < GRID_CASES:  # section 2 counts each shape once (tables.case_speedups): never more
         return _set(row, NOT_MEASURED, f"only {row.cases} of the {GRID_CASES} grid cases passed for both; "
                     f"without a pair: {_unpaired(scope, t.backend, t.over_backend, paired)}.")
-    if row.cases > GRID_CASES:
-        return _set(row, NOT_MEASURED, f"section 2 counts {row.cases} cases on the {GRID_CASES}-case grid: a "
-                    "shape of it was measured in more than one variant of one format (page size, seed); "
-                    "--run one run to judge.")
     return _compare(row)
 
 
@@ -461,7 +456,7 @@ def _at(records: pd.DataFrame, batch: int, kv_len: int) -> pd.DataFrame:
 
 def _newest(records: pd.DataFrame) -> pd.Series:
     """The newest record, by the order latest_per_case keeps."""
-    return records.sort_values(["started_at", "created_at"], na_position="first", kind="stable").iloc[-1]
+    return oldest_first(records).iloc[-1]
 
 
 def _where(row: TargetRow, rec) -> None:
@@ -470,12 +465,12 @@ def _where(row: TargetRow, rec) -> None:
 
 
 def _ordered_runs(records: pd.DataFrame) -> list[str]:
-    order = records.sort_values(["started_at", "created_at"], na_position="first", kind="stable")
+    order = oldest_first(records)
     return list(dict.fromkeys(str(r) for r in order["run_id"]))
 
 
 def _ordered_commits(records: pd.DataFrame) -> list[str]:
-    order = records.sort_values(["started_at", "created_at"], na_position="first", kind="stable")
+    order = oldest_first(records)
     return list(dict.fromkeys(tables.commit(s, d) for s, d in zip(order["git_sha"], order["git_dirty"])))
 
 
@@ -510,9 +505,8 @@ def _paired_cases(scope: Scope, ours: str, over: str) -> set[tuple]:
 
 def _failed_in_grid(scope: Scope, ours: str) -> str:
     """'N of our grid records failed the accuracy gate (...)' or ''."""
-    grid = scope.grid
-    bad = grid[(grid["backend"] == ours) & (grid["k_mode"] == FORMAT["k_mode"]) & (grid["v_mode"] == FORMAT["v_mode"])
-               & (grid["group_size"] == FORMAT["group_size"]) & grid["status"].isin(catalog.GATE_FAILED)]
+    mine = scope.ours(ours)
+    bad = mine[mine.index.isin(scope.grid.index) & mine["status"].isin(catalog.GATE_FAILED)]
     if bad.empty:
         return ""
     cases = ", ".join(f"b{int(r['batch'])} KV {int(r['kv_len'])} ({_failure(r)})" for _, r in bad.head(4).iterrows())
@@ -529,10 +523,11 @@ def _unpaired(scope: Scope, ours: str, over: str, paired: set[tuple]) -> str:
         mine = _at(scope.ours(ours), batch, kv_len)
         theirs = catalog.timed(_at(scope.grid[scope.grid["backend"] == over], batch, kv_len))
         why = []
-        if mine.empty:
+        status = _newest(mine)["status"] if len(mine) else None
+        if status is None:
             why.append(f"no record of {ours}")
-        elif _newest(mine)["status"] != "passed":
-            why.append(f"{ours} {_newest(mine)['status']}")
+        elif status != "passed":
+            why.append(f"{ours} {status}")
         if theirs.empty:
             why.append(f"no timed record of {over}")
         parts.append(f"b{batch} KV {kv_len} ({', '.join(why) or 'no pair'})")

@@ -1,6 +1,8 @@
-"""What several commands share: output paths checked before any work, and errors as one line."""
+"""What several commands share: output paths checked before any work, errors as one line, and
+JSON written whole."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -36,3 +38,15 @@ def output_file(option: str, path: Path | None) -> None:
         fail(f"{option} {path} is a folder; expected a file name, e.g. {path / 'records.csv'}.")
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         fail(f"{option} {path}: cannot write there; pick a writable path.")
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Write under a name of this process's own beside `path`, then move it into place (atomic): a
+    run killed mid-write, or a reader meanwhile, sees the previous whole file, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(payload, indent=1, default=str))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -2,9 +2,7 @@
 step latency, tokens/s, the attention share, capacity at a memory budget, and a logits check."""
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -149,6 +147,7 @@ def _run(shape, layers, chosen, batches, kv_lens, steps, grid, capacity, check, 
     from suite.e2e import bench as B
     from suite.e2e.model import Weights
     from core.e2e_store import E2EStore
+    from suite.commands.common import write_json
     from suite.envinfo import collect
 
     if device.type == "cuda" and layers is None:
@@ -185,22 +184,10 @@ def _run(shape, layers, chosen, batches, kv_lens, steps, grid, capacity, check, 
         store.add(run_id, rec)
         records.append(rec)
         if json_out is not None:  # rewritten after every point: a run cut short leaves what it measured
-            _write_json(json_out, {"run_id": run_id, "config": config, "records": records})
+            write_json(json_out, {"run_id": run_id, "config": config, "records": records})
         echo(f"[{i}/{len(plan)}] {_line(rec)} ({time.time() - t:.1f} s)")
     store.close()
     return records, run_id
-
-
-def _write_json(path: Path, payload: dict) -> None:
-    """Write under a name of this process's own beside `path`, then move it into place (atomic): a
-    run killed mid-write, or a reader meanwhile, sees the previous whole file, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(payload, indent=1, default=str))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _line(rec: dict) -> str:

@@ -81,13 +81,11 @@ def register(app: typer.Typer) -> None:
 def _write_json(path: Path, results: Any, rows: list) -> None:
     """The rows with where they came from; written whole, so a reader never sees half a file."""
     from reports import targets
-    from suite.commands.common import fail
+    from suite.commands.common import fail, write_json
 
     doc = {"store": results.db, "runs": sorted(str(r) for r in results.runs["run_id"]),
            "rows": json.loads(targets.frame(rows).to_json(orient="records"))}
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(doc, indent=1))
-        tmp.replace(path)
+        write_json(path, doc)
     except OSError as exc:
         fail(f"--json-out {path}: writing failed ({exc.strerror or exc}); pick a writable path.", BAD_INPUT_EXIT)
