@@ -39,7 +39,10 @@ OPERANDS = {"k": Operand("fp16", 1024.0, FP16_1024_PAIR, 1.0), "v": Operand("fp1
 
 # INT2 V: per 16-bit half, positions k = 0..7 hold (channel block b, token offset o); each block's
 # two positions read at the same radix factor, so the factor folds into the output channel.
-_V2_SLOT = {3: (0, 0), 6: (0, 1), 0: (1, 0), 1: (1, 1), 4: (2, 0), 7: (2, 1), 2: (3, 0), 5: (3, 1)}
+_V2_SLOT = {3: (0, 0), 7: (0, 1), 1: (1, 0), 5: (1, 1), 4: (2, 0), 0: (2, 1), 2: (3, 0), 6: (3, 1)}
+# The extraction's mark for "the two bytes of each 16-bit half swapped" (the kernels' one PRMT,
+# kSwapHalves), in place of a shift.
+SWAP_HALVES = 16
 
 
 def block_tokens(kind: str) -> int:
@@ -65,8 +68,8 @@ def positions_per_half(bits: int) -> int:
 
 def extraction_schedule(bits: int, kind: str) -> tuple[tuple[int, int], ...]:
     """(shift, mask) reading position k of a word, for k = 0 .. P-1: `((word >> shift) & mask)`
-    (a negative shift shifts left) OR-ed with the kind's bias pair is two operands bias + unit f_k c
-    (OPERANDS)."""
+    (a negative shift shifts left; SWAP_HALVES swaps the two bytes of each half instead) OR-ed
+    with the kind's bias pair is two operands bias + unit f_k c (OPERANDS)."""
     _check_bits(bits)
     _check_kind(kind)
     pair = 0x00010001
@@ -75,12 +78,12 @@ def extraction_schedule(bits: int, kind: str) -> tuple[tuple[int, int], ...]:
             return ((0, 0xF * pair), (0, 0xF0 * pair), (8, 0xF * pair), (8, 0xF0 * pair))
         return tuple((0, (3 << 2 * k) * pair) for k in range(5)) + tuple((10, (3 << 2 * k) * pair) for k in range(3))
     # V, fp16 subnormals (bits 0-10, no bias): INT4 as K; INT2 so that the two positions of one
-    # channel block share a factor (see _V2_SLOT), every code at f >= 4: 0 from w << 2, 5-7 from
-    # w >> 6.
+    # channel block share a factor (see _V2_SLOT), every code at f >= 4: 1-4 in place at bits 2-9,
+    # and 5, 6, 7, 0 at bits 2-9 of the word with each half's bytes swapped.
     if bits == 4:
         return ((0, 0xF * pair), (0, 0xF0 * pair), (8, 0xF * pair), (8, 0xF0 * pair))
-    return ((-2, 0xC * pair), (0, 0xC * pair), (0, 0x30 * pair), (0, 0xC0 * pair),
-            (0, 0x300 * pair), (6, 0x30 * pair), (6, 0xC0 * pair), (6, 0x300 * pair))
+    return ((SWAP_HALVES, 0x300 * pair), (0, 0xC * pair), (0, 0x30 * pair), (0, 0xC0 * pair),
+            (0, 0x300 * pair), (SWAP_HALVES, 0xC * pair), (SWAP_HALVES, 0x30 * pair), (SWAP_HALVES, 0xC0 * pair))
 
 
 def k8_schedule(bits: int) -> tuple[tuple[int, int], ...]:
@@ -118,7 +121,10 @@ def radix_factors(bits: int, kind: str) -> list[int]:
 def extract(words: torch.Tensor, bits: int, kind: str, k: int) -> torch.Tensor:
     """Position k of int32 words as the kernels read it (the operand's bits, bias included)."""
     shift, mask = extraction_schedule(bits, kind)[k]
-    shifted = words << -shift if shift < 0 else words >> shift
+    if shift == SWAP_HALVES:
+        shifted = ((words >> 8) & 0x00FF00FF) | ((words << 8) & ~0x00FF00FF)  # int32: 0xFF00FF00
+    else:
+        shifted = words << -shift if shift < 0 else words >> shift
     return (shifted & mask) | OPERANDS[kind].bias_pair
 
 

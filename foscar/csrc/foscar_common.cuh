@@ -80,19 +80,30 @@ __host__ __device__ __forceinline__ uint32_t inject_k(uint32_t w) {
 // The unit 2^-24 rides in the fold with the factor (kVUnit v_radix).
 //   INT4: positions 0, 1 in place (bits 0-3, 4-7: f = 1, 16); 2, 3 from w >> 8 (f = 1, 16), as
 //   K (1 shift and 4 LOP3 per 8 codes).
-//   INT2: position 0 from w << 2, 1-4 in place, 5-7 from w >> 6 (f = 4, 4, 16, 64, 256, 16, 64,
-//   256), so that the two positions of each channel block share a factor: blocks 0-3 (positions
-//   (3, 6), (0, 1), (4, 7), (2, 5)) at f = 64, 4, 256, 16 (2 shifts, one of them an IMAD, and 8
-//   LOP3 per 16 codes). Read at f = 1 instead (1 from w >> 2), INT2's error grew with the context
-//   on the H200 (1.67e-3 at 4K to 1.83e-3 at 256K), where at f >= 4 it holds (PERFORMANCE.md, v23).
+//   INT2: positions 1-4 in place (bits 2-9), 5, 6, 7 and 0 from the word with the two bytes of
+//   each half swapped (one PRMT), where they sit at bits 2-9 too (f = 256, 4, 16, 64, 256, 4, 16,
+//   64 for positions 0-7), so that the two positions of each channel block share a factor: blocks
+//   0-3 (positions (3, 7), (1, 5), (4, 0), (2, 6)) at f = 64, 4, 256, 16 (1 PRMT and 8 LOP3 per
+//   16 codes; v41, in place of v23's w << 2 and w >> 6). Read at f = 1 instead, INT2's error grew
+//   with the context on the H200 (1.67e-3 at 4K to 1.83e-3 at 256K), where at f >= 4 it holds
+//   (PERFORMANCE.md, v23).
 constexpr float kVUnit = 0x1p-24f;  // an fp16 pattern's worth below 2^-13 (exponent field 0 or 1)
+constexpr int kSwapHalves = 16;  // v_shift's mark for "the two bytes of each half swapped"
 template <int BITS>
-__host__ __device__ constexpr int v_shift(int k) {  // > 0: right shift, < 0: left shift
-  return BITS == 4 ? (k < 2 ? 0 : 8) : (k == 0 ? -2 : k < 5 ? 0 : 6);
+__host__ __device__ constexpr int v_shift(int k) {  // > 0: right shift, < 0: left shift, or kSwapHalves
+  return BITS == 4 ? (k < 2 ? 0 : 8) : (1 <= k && k <= 4 ? 0 : kSwapHalves);
 }
 template <int BITS>
 __host__ __device__ constexpr int v_lsb(int k) {
-  return BITS == 4 ? 4 * (k % 2) : (k < 5 ? (k < 2 ? 2 : 2 * k) : 2 * k - 6);
+  return BITS == 4 ? 4 * (k % 2) : (1 <= k && k <= 4 ? 2 * k : k == 0 ? 8 : 2 * k - 8);
+}
+// Each 16-bit half's two bytes swapped: one PRMT on the device.
+__host__ __device__ __forceinline__ uint32_t swap_half_bytes(uint32_t w) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(w, 0u, 0x2301);
+#else
+  return ((w >> 8) & 0x00FF00FFu) | ((w << 8) & 0xFF00FF00u);
+#endif
 }
 template <int BITS>
 __host__ __device__ constexpr float v_radix(int k) {  // the operand holds kVUnit v_radix c
@@ -102,8 +113,9 @@ template <int BITS, int K>
 __host__ __device__ __forceinline__ uint32_t inject_v(uint32_t w) {
   constexpr int sh = v_shift<BITS>(K);
   constexpr uint32_t mask = (((1u << BITS) - 1u) << v_lsb<BITS>(K)) * kPair;
-  if constexpr (sh < 0) w <<= -sh;
-  if constexpr (sh > 0) w = shift_right<sh>(w);
+  if constexpr (sh == kSwapHalves) w = swap_half_bytes(w);
+  else if constexpr (sh < 0) w <<= -sh;
+  else if constexpr (sh > 0) w = shift_right<sh>(w);
   return w & mask;
 }
 // K as int8 operands (KFoldChannel, KFoldToken8): the codes masked in place,
@@ -164,7 +176,7 @@ __host__ __device__ __forceinline__ uint32_t gather_bytes(uint32_t x0, uint32_t 
 // INT2 V: the position holding channel block b (0..3) at token offset o (0: tokens 2t, 2t+1;
 // 1: tokens 2t+8, 2t+9) of a k-step's word.
 __host__ __device__ constexpr int v2_position(int b, int o) {
-  return b == 0 ? (o ? 6 : 3) : b == 1 ? (o ? 1 : 0) : b == 2 ? (o ? 7 : 4) : (o ? 5 : 2);
+  return b == 0 ? (o ? 7 : 3) : b == 1 ? (o ? 5 : 1) : b == 2 ? (o ? 0 : 4) : (o ? 6 : 2);
 }
 
 // ---------------------------------------------------------------------------------------

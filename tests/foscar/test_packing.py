@@ -38,9 +38,9 @@ def test_round_trip(rng, bits, kind, head_dim):
 HAND_CHECKED = [
     # INT4 K, d 128: W 8, V 4, P 4. r 1, t4 1; w // 4 = 1, w % 4 = 2.
     (4, "k", 128, 5, 6, 1, 3, dict(token=9, channel=91, index=150, bit=28)),
-    # INT2 V, d 64, slice 1: W 4. g 7, t4 2; word 1 = k-step 1; position 5 = (block 3, offset 1):
-    # token 16 + 4 + 0 + 8 = 28, channel 32 + 24 + 7 = 63; index 128 + 0 + 120 + 1 = 249.
-    (2, "v", 64, 30, 1, 0, 5, dict(token=28, channel=63, index=249, bit=10, slice=1)),
+    # INT2 V, d 64, slice 1: W 4. g 7, t4 2; word 1 = k-step 1; position 5 = (block 1, offset 1):
+    # token 16 + 4 + 0 + 8 = 28, channel 32 + 8 + 7 = 47; index 128 + 0 + 120 + 1 = 249.
+    (2, "v", 64, 30, 1, 0, 5, dict(token=28, channel=47, index=249, bit=10, slice=1)),
     # INT2 K, d 256: W 8, V 4, P 8. r 7, t4 3; w // 4 = 1, w % 4 = 3: the very last code, bit 31's pair.
     (2, "k", 256, 31, 7, 1, 7, dict(token=15, channel=255, index=255, bit=30)),
     # INT4 V, d 256, slice 5: W 8. g 2, t4 1; word 7 = (k-step 3, offset 1), position 2 = block 2:
@@ -85,7 +85,7 @@ def test_every_k_position_follows_the_formula(bits):
                     assert positions[index][h][k] == token * head_dim + channel
 
 
-V2_BLOCK_OFFSET = {3: (0, 0), 6: (0, 1), 0: (1, 0), 1: (1, 1), 4: (2, 0), 7: (2, 1), 2: (3, 0), 5: (3, 1)}
+V2_BLOCK_OFFSET = {3: (0, 0), 7: (0, 1), 1: (1, 0), 5: (1, 1), 4: (2, 0), 0: (2, 1), 2: (3, 0), 6: (3, 1)}
 
 
 @pytest.mark.parametrize("bits", WIDTHS)
@@ -111,9 +111,9 @@ def test_radix_factors():
     assert packing.radix_factors(4, "k") == [1, 16, 1, 16]
     assert packing.radix_factors(2, "k") == [1, 4, 16, 64, 256, 1, 4, 16]
     assert packing.radix_factors(4, "v") == [1, 16, 1, 16]
-    assert packing.radix_factors(2, "v") == [4, 4, 16, 64, 256, 16, 64, 256]
+    assert packing.radix_factors(2, "v") == [256, 4, 16, 64, 256, 4, 16, 64]
     assert packing.extraction_schedule(4, "v") == packing.extraction_schedule(4, "k")
-    assert packing.extraction_schedule(2, "v")[0] == (-2, 0x000C000C)
+    assert packing.extraction_schedule(2, "v")[0] == (packing.SWAP_HALVES, 0x03000300)
     assert packing.extraction_schedule(4, "k") == ((0, 0x000F000F), (0, 0x00F000F0), (8, 0x000F000F), (8, 0x00F000F0))
 
 
