@@ -87,9 +87,9 @@ for stage in $STAGES; do
         limit 200 python3 -m suite ceiling --floor --db "$W/grid.sqlite" --run "grid-$GPU-$SHA" \
             --json-out "$W/floor_${GPU}_grid_$SHA.json" 2>&1 | tail -24 | tee -a "$LOG" ;;
     targets)  # the targets scorecard over this call's grid and paper runs, on the card that ran them
-        dbs=(); runs=()
-        for db in "$W"/grid.sqlite "$W"/paper.sqlite; do [[ -s $db ]] && dbs+=(--db "$db"); done
-        for r in "grid-$GPU-$SHA" "${PAPER_RUN:-paper-$GPU-$SHA}"; do runs+=(--run "$r"); done
+        dbs=(); runs=()  # each run where this call's stages wrote its store (a call without `paper` has no paper run)
+        [[ -s $W/grid.sqlite ]] && dbs+=(--db "$W/grid.sqlite") && runs+=(--run "grid-$GPU-$SHA")
+        [[ -s $W/paper.sqlite ]] && dbs+=(--db "$W/paper.sqlite") && runs+=(--run "${PAPER_RUN:-paper-$GPU-$SHA}")
         (( ${#dbs[@]} )) && limit 120 python3 -m suite targets "${dbs[@]}" "${runs[@]}" --gpu "$GPU" \
             --json-out "$W/targets.json" 2>&1 | tail -40 | tee -a "$LOG" ;;
     ceiling)  # the read ceiling, searched over kernels and launch shapes, with its spread
