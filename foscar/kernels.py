@@ -53,6 +53,26 @@ ALT_MIN_CHUNKS = 8
 SECOND_INSTANCE_WIDTHS: tuple[tuple[str, tuple[int, ...]], ...] = (("H100 80GB HBM3", (2,)),)
 
 
+# Where a GPU was measured apart (GPU name, (rows, CTAs per SM)): a launch of at most `rows`
+# (sequence, KV head) rows / KV heads per item plans its kernel's own instance for at most that
+# many CTAs per SM (the instance is the same; each SM then holds fewer of its CTAs, each a longer
+# split). On an H100 SXM (GPU-5638f44e, twenty-eighth session; v40's library, forced split counts
+# against the planner's, docs/data/lab_splits_b1_b4_v40_h100.tar.gz) batch 1 and 2 over 8 KV heads
+# ran up to 15 % faster with about two items per SM than with the three-CTA plan's one per slot:
+# INT4 b1 at 16K and 32K 9.6 and 10.3 %, b2 at 4K 15 % and at 16K 4.4 %; INT2 b2 at 4K 12 %. The
+# planner's model prices an item's setup and finish on its own CTA only, while the CTAs of an SM
+# share its issue slots, and two of them already keep the H100's bus as busy as three. Elsewhere
+# (other GPUs, more rows) the kernel's own count.
+SMALL_LAUNCH_CTAS: tuple[tuple[str, tuple[int, int]], ...] = (("H100 80GB HBM3", (16, 2)),)
+
+
+def planned_ctas_per_sm(gpu_name: str | None, rows: int, ctas_per_sm: int) -> int:
+    """CTAs per SM the planner sizes the splits of a launch of `rows` (sequence, KV head) work
+    rows for, on the GPU named `gpu_name`, for an instance of `ctas_per_sm` (SMALL_LAUNCH_CTAS)."""
+    rule = _for_gpu(SMALL_LAUNCH_CTAS, gpu_name)
+    return min(ctas_per_sm, rule[1]) if rule and rows <= rule[0] else ctas_per_sm
+
+
 def _for_gpu(table: tuple[tuple[str, Any], ...], gpu_name: str | None) -> Any:
     """The value of the first (GPU name, value) entry of `table` whose name is a substring of
     `gpu_name` (torch.cuda.get_device_properties(...).name), or None."""
@@ -400,7 +420,9 @@ def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num
     forced `num_splits`. `ctas_per_sm` and `alt_ctas_per_sm` as in launch_args: where the kernel
     has a second instance and its plan's splits are at least ALT_MIN_CHUNKS long, the plan is
     that instance's (its `ctas_per_sm` field says which), unless `second_instance` is False or
-    the GPU named `gpu_name` keeps the cache's width off it (second_instance_widths)."""
+    the GPU named `gpu_name` keeps the cache's width off it (second_instance_widths). The own
+    instance's plan is sized for planned_ctas_per_sm of the GPU (fewer CTAs per SM for small
+    launches on an H100)."""
     if not isinstance(second_instance, bool):
         raise ValueError(f"second_instance={second_instance!r} is not a bool; pass True (the planner may launch "
                          f"a kernel's second instance) or False (always its own).")
@@ -427,7 +449,8 @@ def resolve_plan(cache: QuantizedKVCache, num_q_heads: int, *, variant: str, num
         alt = _plan_cached(cache, num_sms, alt_ctas_per_sm, kv_heads_per_item)
         if alt.chunks_per_split >= ALT_MIN_CHUNKS:
             return kv_heads_per_item, replace(alt, ctas_per_sm=alt_ctas_per_sm)
-    plan = _plan_cached(cache, num_sms, ctas_per_sm, kv_heads_per_item)
+    rows = cache.batch * (cache.num_kv_heads // kv_heads_per_item)
+    plan = _plan_cached(cache, num_sms, planned_ctas_per_sm(gpu_name, rows, ctas_per_sm), kv_heads_per_item)
     if num_splits is None:
         return kv_heads_per_item, plan
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_FORCED_SPLITS:

@@ -400,6 +400,23 @@ def test_the_second_instance_follows_the_gpu():
     assert len(times) >= 18
 
 
+def test_small_launches_plan_fewer_ctas_per_sm_on_an_h100():
+    # kernels.SMALL_LAUNCH_CTAS: on an H100, a launch of at most 16 (sequence, KV head) rows plans
+    # its own instance for two CTAs an SM; other GPUs, and larger launches, keep the kernel's count.
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert kernels.planned_ctas_per_sm(h100, 16, 3) == 2
+    assert kernels.planned_ctas_per_sm(h100, 17, 3) == 3
+    assert kernels.planned_ctas_per_sm(h100, 8, 1) == 1  # never more than the instance holds
+    assert kernels.planned_ctas_per_sm("NVIDIA H200", 8, 3) == 3
+    assert kernels.planned_ctas_per_sm(None, 8, 3) == 3
+    k = torch.zeros(1, 8192, 8, 128, dtype=torch.bfloat16)  # batch 1, 8 KV heads: 8 rows of 128 chunks
+    cache = foscar.quantize(k, k, [8192], QuantConfig(bits=4, group_size=128, page_size=128))
+    for gpu, splits in ((h100, 32), ("NVIDIA H200", 43)):  # 32 x 4 chunks on 2 CTAs an SM; 43 x 3 on 3
+        _, plan = kernels.resolve_plan(cache, 32, variant="fold", num_splits=None, num_sms=132, ctas_per_sm=3,
+                                       gpu_name=gpu)
+        assert (plan.num_splits, plan.num_ctas, plan.ctas_per_sm) == (splits, 8 * splits, 0), (gpu, plan)
+
+
 def test_an_outgrown_workspace_is_kept_for_the_graphs_that_hold_it(monkeypatch):
     # A graph captured with a decode keeps that decode's buffer addresses: a larger decode later
     # must not free them (the allocator would hand them to other tensors).
