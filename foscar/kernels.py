@@ -53,16 +53,19 @@ ALT_MIN_CHUNKS = 8
 SECOND_INSTANCE_WIDTHS: tuple[tuple[str, tuple[int, ...]], ...] = (("H100 80GB HBM3", (2,)),)
 
 
-# Where a GPU was measured apart (GPU name, (rows, CTAs per SM)): a launch of at most `rows`
-# (sequence, KV head) rows / KV heads per item plans its kernel's own instance for at most that
-# many CTAs per SM (the instance is the same; each SM then holds fewer of its CTAs, each a longer
-# split). On an H100 SXM (GPU-5638f44e, twenty-eighth session; v40's library, forced split counts
-# against the planner's, docs/data/lab_splits_b1_b4_v40_h100.tar.gz) batch 1 and 2 over 8 KV heads
+# Where a GPU was measured apart (GPU name, (rows, CTAs per SM)): a launch of at most `rows` work
+# rows (sequence, KV head; a paired item's two heads count once) plans its kernel's own instance
+# for at most that many CTAs per SM (the instance is the same; each SM then holds fewer of its
+# CTAs, each a longer split). On an H100 SXM (twenty-eighth session) batch 1 and 2 over 8 KV heads
 # ran up to 15 % faster with about two items per SM than with the three-CTA plan's one per slot:
-# INT4 b1 at 16K and 32K 9.6 and 10.3 %, b2 at 4K 15 % and at 16K 4.4 %; INT2 b2 at 4K 12 %. The
-# planner's model prices an item's setup and finish on its own CTA only, while the CTAs of an SM
-# share its issue slots, and two of them already keep the H100's bus as busy as three. Elsewhere
-# (other GPUs, more rows) the kernel's own count.
+# forced counts beside the planner (GPU-5638f44e, v40, docs/data/lab_splits_b1_b4_v40_h100.tar.gz),
+# then the rule's launch beside the plan it replaced (GPU-fe45986f, v41,
+# docs/data/lab_splits_planner_h100.tar.gz): INT4 b1 at 8K-32K 8-9 %, b2 at 4K and 8K 13 and 9 %,
+# INT2 where its own instance runs 4-11 %, b2 / 128K 0.9 % slower. The planner's model prices an
+# item's setup and finish on its own CTA only, while the CTAs of an SM share its issue slots, and
+# two of them already keep the H100's bus as busy as three. Past 16 rows the two-CTA count was
+# mixed (b4 / 4K 9 % faster, b5 / 16K 6 % slower). Elsewhere (other GPUs, more rows) the
+# kernel's own count.
 SMALL_LAUNCH_CTAS: tuple[tuple[str, tuple[int, int]], ...] = (("H100 80GB HBM3", (16, 2)),)
 
 

@@ -423,7 +423,7 @@ def test_the_small_launch_rule_follows_its_measurements():
     # ("v41") beside the three-CTA plan it replaced, forced ("v41/s<n>"), wherever that plan ran
     # the kernel's own instance; at batch 3-8 (24-64 rows, where the rule keeps three) the plan
     # beside the two-CTA plan's split count forced, where the two launch alike. The rule is never
-    # more than 1 % slower and up to 8 % faster where it applies; past 16 rows the two-CTA plan
+    # more than 1 % slower and up to 13 % faster where it applies; past 16 rows the two-CTA plan
     # loses somewhere, which is why it stops there.
     import tarfile
 
