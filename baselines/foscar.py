@@ -89,9 +89,12 @@ class _Foscar(Backend):
         def reference_kv(idx):
             return foscar.dequantize(cache, batch_indices=list(idx), dtype=torch.float32)
 
+        notes = f"foscar variant={variant}"
+        if q.is_cuda:  # the launch it makes (a test's CPU stand-in has no GPU to plan for)
+            notes += "; " + kernels.plan_note(q, cache, variant=variant, num_splits=splits, library=library,
+                                              kv_heads_per_item=heads, second_instance=second)
         return Prepared(
-            run=run, reference_kv=reference_kv, out=out,
-            notes=f"foscar variant={variant}", keepalive=[cache], inputs=[q, cache],
+            run=run, reference_kv=reference_kv, out=out, notes=notes, keepalive=[cache], inputs=[q, cache],
         )
 
     def _library(self):

@@ -393,6 +393,35 @@ def decode_plan(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str = "fol
                 library: ctypes.CDLL | None = None, kv_heads_per_item: int | None = None,
                 second_instance: bool = True) -> LaunchPlan:
     """The plan decode() launches with the same arguments (its num_ctas sizes a timeline)."""
+    return _device_plan(q, cache, variant=variant, num_splits=num_splits, library=library,
+                        kv_heads_per_item=kv_heads_per_item, second_instance=second_instance)[1]
+
+
+def plan_note(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str = "fold", num_splits: int | None = None,
+              library: ctypes.CDLL | None = None, kv_heads_per_item: int | None = None,
+              second_instance: bool = True) -> str:
+    """The launch decode() makes with the same arguments, in words (a record's notes: a planner
+    change shows in the results it moves)."""
+    lib = library or load_library()
+    heads, plan = _device_plan(q, cache, variant=variant, num_splits=num_splits, library=lib,
+                               kv_heads_per_item=kv_heads_per_item, second_instance=second_instance)
+    own = lib.foscar_ctas_per_sm(*kernel_instance(cache.config, variant), heads)
+    return describe_plan(heads, plan, own, forced=num_splits is not None)
+
+
+def describe_plan(kv_heads_per_item: int, plan: LaunchPlan, own_ctas_per_sm: int, forced: bool = False) -> str:
+    """'32 splits x 16 chunks, 256 CTAs of the 3-an-SM instance, 1 KV head an item' (and whose
+    split count it is: the planner's or forced)."""
+    ctas = plan.ctas_per_sm or own_ctas_per_sm
+    which = "second" if plan.ctas_per_sm else "own"
+    heads = f"{kv_heads_per_item} KV head{'s' if kv_heads_per_item > 1 else ''} an item"
+    return (f"{plan.num_splits} splits ({'forced' if forced else 'planned'}) x {plan.chunks_per_split} chunks, "
+            f"{plan.num_ctas} CTAs of the {ctas}-an-SM ({which}) instance, {heads}")
+
+
+def _device_plan(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str, num_splits: int | None,
+                 library: ctypes.CDLL | None, kv_heads_per_item: int | None,
+                 second_instance: bool) -> tuple[int, LaunchPlan]:
     lib = library or load_library()
     props = torch.cuda.get_device_properties(q.device)
     return resolve_plan(cache, q.shape[1], variant=variant, num_splits=num_splits,
@@ -400,7 +429,7 @@ def decode_plan(q: torch.Tensor, cache: QuantizedKVCache, *, variant: str = "fol
                         ctas_per_sm=lib.foscar_ctas_per_sm, alt_ctas_per_sm=lib.foscar_ctas_per_sm_alt,
                         second_instance=second_instance, gpu_name=props.name,
                         max_kv_heads_per_item=lib.foscar_kv_heads_per_item(q.shape[1], cache.num_kv_heads),
-                        kv_heads_per_item=kv_heads_per_item)[1]
+                        kv_heads_per_item=kv_heads_per_item)
 
 
 def timeline_entries(num_ctas: int) -> int:

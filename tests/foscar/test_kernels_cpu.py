@@ -417,6 +417,43 @@ def test_small_launches_plan_fewer_ctas_per_sm_on_an_h100():
         assert (plan.num_splits, plan.num_ctas, plan.ctas_per_sm) == (splits, 8 * splits, 0), (gpu, plan)
 
 
+def test_a_records_notes_name_the_launch():
+    # baselines.foscar puts kernels.plan_note into each record's notes, so that a planner change
+    # shows beside the times it moves.
+    plan = kernels.LaunchPlan(num_splits=32, chunks_per_split=16, num_ctas=256)
+    assert kernels.describe_plan(1, plan, 3) == \
+        "32 splits (planned) x 16 chunks, 256 CTAs of the 3-an-SM (own) instance, 1 KV head an item"
+    alt = kernels.LaunchPlan(num_splits=64, chunks_per_split=8, num_ctas=512, ctas_per_sm=4)
+    assert kernels.describe_plan(2, alt, 3, forced=True) == \
+        "64 splits (forced) x 8 chunks, 512 CTAs of the 4-an-SM (second) instance, 2 KV heads an item"
+
+
+def test_the_plan_note_asks_the_library_as_decode_does(monkeypatch):
+    # plan_note's wiring on a CPU: the device's SM count and name, and the library's CTA counts
+    # per instance (a stand-in that answers as libfoscar.so's C API does).
+    class Props:
+        multi_processor_count, name = 132, "NVIDIA H100 80GB HBM3"
+
+    asked = []
+
+    class Lib:
+        @staticmethod
+        def foscar_ctas_per_sm(bits, group, kch, vch, deq, heads):
+            asked.append((bits, group, kch, vch, deq, heads))
+            return 3
+
+        foscar_ctas_per_sm_alt = staticmethod(lambda *instance: 0)
+        foscar_kv_heads_per_item = staticmethod(lambda q_heads, kv_heads: 2)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
+    k = torch.zeros(1, 8192, 8, 128, dtype=torch.bfloat16)
+    cache = foscar.quantize(k, k, [8192], QuantConfig(bits=4, group_size=128, page_size=128))
+    q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
+    note = kernels.plan_note(q, cache, library=Lib())
+    assert note == "32 splits (planned) x 4 chunks, 256 CTAs of the 3-an-SM (own) instance, 1 KV head an item"
+    assert set(asked) == {(4, 128, 1, 0, 0, 1)}  # K channel-wise, V token-wise, one head (8 rows pair from 48)
+
+
 def test_the_small_launch_rule_follows_its_measurements():
     # docs/data/lab_splits_planner_h100.tar.gz (an H100 SXM, v41's library, two rounds a shape,
     # 4ct and 2ct): at batch 1 and 2 (8 and 16 rows) the planner's launch under the rule
