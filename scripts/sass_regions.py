@@ -2,9 +2,12 @@
 (nvdisasm -gi of a -lineinfo build), weighted by Nsight Compute's executed-instruction and
 stall-sample counts per SASS address (the source page of a profile) when given.
 
-A region is the call made from `consume` (the frame of foscar_consume.cuh that is not itself
-called from foscar_consume.cuh) with the frame it calls, e.g. "foscar_decode.cuh:688 <-
-foscar_consume.cuh:543": the channel-wise Q~ rebuild called from the chunk loop. Without a
+A region is a call made from the body of a root function, `run_trip` of foscar_consume.cuh by
+default (--root FILE:FUNCTION: one trip of the chunk loop), with the frame it calls, e.g.
+"foscar_decode.cuh:779 <- foscar_consume.cuh:464": the channel-wise Q~ rebuild called from the
+trip. An instruction outside the root is grouped by the call made from `consume` (the frame of
+foscar_consume.cuh that is not itself called from foscar_consume.cuh). The printed table names
+the source function of each side (from the sources in foscar/csrc). Without a
 profile the counts are static: the instructions of the main loop as `foscar-bench alu
 --static` finds it (suite.alu.sass, which also parses the listing).
 
@@ -60,6 +63,57 @@ class Located:
 def opcode(text: str) -> str:
     """The opcode of a SASS line, without its guard predicate: '@!P0 BRA 0x10' -> 'BRA'."""
     return re.sub(r"^@!?U?P\w+\s+", "", text.strip()).split()[0]
+
+
+CSRC = Path(__file__).resolve().parents[1] / "foscar" / "csrc"
+_DEF = re.compile(r"^(\s*)(?:template\s*<.*>\s*)?(?:static\s+)?(?:__host__\s+)?__device__\b[^;{]*?\b(\w+)\s*\(")
+_STRUCT = re.compile(r"^(?:template\s*<.*>\s*)?struct\s+(\w+)")
+
+
+@dataclass(frozen=True)
+class Root:
+    """The lines of one function's body: a region is a call made from inside them."""
+    file: str
+    first: int
+    last: int
+
+    def holds(self, frame: str) -> bool:
+        file, _, line = frame.rpartition(":")
+        return file == self.file and self.first < int(line) <= self.last
+
+
+def _defs(file: str) -> list[tuple[int, str, int]]:
+    """(line, qualified name, indent) of every __device__ function defined in foscar/csrc/`file`."""
+    out, struct = [], None
+    for n, text in enumerate((CSRC / file).read_text().splitlines(), 1):
+        if m := _STRUCT.match(text):
+            struct = m.group(1)
+        elif m := _DEF.match(text):
+            indent = len(m.group(1))
+            out.append((n, f"{struct}::{m.group(2)}" if indent and struct else m.group(2), indent))
+    return out
+
+
+def find_root(spec: str) -> Root:
+    """FILE:FUNCTION -> the lines from the function's definition to its closing brace."""
+    file, _, name = spec.partition(":")
+    if not (CSRC / file).is_file() or not name:
+        raise SystemExit(f"--root {spec!r}: expected FILE:FUNCTION with FILE in {CSRC}, e.g. foscar_consume.cuh:run_trip")
+    lines = (CSRC / file).read_text().splitlines()
+    for n, qual, indent in _defs(file):
+        if qual == name or qual.endswith(f"::{name}"):
+            end = next(i for i in range(n, len(lines) + 1) if lines[i - 1] == " " * indent + "}")
+            return Root(file, n, end)
+    raise SystemExit(f"--root {spec!r}: no __device__ function {name!r} in {file}")
+
+
+def function_at(frame: str) -> str:
+    """The source function a frame 'file:line' lies in ('?' where the file is not ours)."""
+    file, _, line = frame.rpartition(":")
+    if not (CSRC / file).is_file():
+        return "?"
+    before = [qual for n, qual, _ in _defs(file) if n <= int(line)]
+    return before[-1] if before else "?"
 
 
 def _frames(disasm: str, name: str) -> dict[int, list[str]]:
@@ -120,13 +174,13 @@ def read_live(text: str, name: str) -> dict[int, int]:
     return out
 
 
-def live_by_region(ins: list[Located], live: dict[int, int]) -> dict[str, tuple[int, float]]:
+def live_by_region(ins: list[Located], live: dict[int, int], root: Root | None = None) -> dict[str, tuple[int, float]]:
     """Region -> (most, mean) live registers over its instructions."""
     per: dict[str, list[int]] = collections.defaultdict(list)
     for x in ins:
         if x.addr not in live:
             raise SystemExit(f"the --live file has no instruction at {x.addr:#x}: it is of another build")
-        per[region(x.frames)].append(live[x.addr])
+        per[region(x.frames, root)].append(live[x.addr])
     return {k: (max(v), sum(v) / len(v)) for k, v in per.items()}
 
 
@@ -139,7 +193,11 @@ def chunk_loop(ins: list[Located]) -> tuple[int, int]:
     return index.index(loop.start), index.index(loop.end)
 
 
-def region(frames: list[str]) -> str:
+def region(frames: list[str], root: Root | None = None) -> str:
+    if root is not None:
+        for i in range(len(frames) - 1):
+            if root.holds(frames[i + 1]):
+                return f"{frames[i]} <- {frames[i + 1]}"
     for i, f in enumerate(frames):
         if f.startswith("foscar_consume.cuh:") and (i + 1 == len(frames) or not frames[i + 1].startswith("foscar_consume.cuh:")):
             return " <- ".join(frames[max(0, i - 1):i + 1])
@@ -163,13 +221,13 @@ def read_profile(path: Path) -> tuple[list[str], dict[int, tuple[int, int, str]]
                    for r in data}
 
 
-def tabulate(ins: list[Instruction], weights: dict[int, tuple[int, int, str]] | None) -> list[dict]:
+def tabulate(ins: list[Located], weights: dict[int, tuple[int, int, str]] | None, root: Root | None = None) -> list[dict]:
     count: collections.Counter = collections.Counter()
     stall: collections.Counter = collections.Counter()
     ops: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for x in ins:
         n, st = (weights[x.addr][0], weights[x.addr][1]) if weights is not None else (1, 0)
-        key = region(x.frames)
+        key = region(x.frames, root)
         count[key] += n
         stall[key] += st
         ops[key][x.opcode] += n
@@ -185,7 +243,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ncu-src", type=Path, help="ncu source page (csv or csv.gz) of the same build")
     ap.add_argument("--live", type=Path, help="nvdisasm -plr -lrm count output of the same cubin")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--root", default="foscar_consume.cuh:run_trip",
+                    help="FILE:FUNCTION whose calls are the regions (default: one trip of the chunk loop)")
     args = ap.parse_args(argv)
+    root = find_root(args.root)
     disasm = args.disasm.read_text()
     fn = find_function(disasm, args.kernel)
     ins = parse(disasm, args.kernel, fn)
@@ -205,20 +266,21 @@ def main(argv: list[str] | None = None) -> None:
     else:
         ins = loop
         what = f"static instructions of the chunk loop {ins[0].addr:#x}..{ins[-1].addr:#x}"
-    rows = tabulate(ins, weights)
+    rows = tabulate(ins, weights, root)
     total = sum(r["count"] for r in rows)
     print(f"{what}: {total:,}")
-    regs = live_by_region(ins, live) if live is not None else {}
+    regs = live_by_region(ins, live, root) if live is not None else {}
     for r in rows[:args.top]:
         stall = f"  stalls {100 * r['stall_share']:5.1f}%" if weights is not None else ""
         lv = f"  live {regs[r['region']][0]:3d} max {regs[r['region']][1]:5.1f} mean" if regs else ""
-        print(f"{r['count']:>13,} {100 * r['share']:5.1f}%{stall}{lv}  {r['region']:50s} {r['opcodes']}")
+        names = " <- ".join(function_at(f) for f in r["region"].split(" <- "))
+        print(f"{r['count']:>13,} {100 * r['share']:5.1f}%{stall}{lv}  {r['region']:50s} {names:40s} {r['opcodes']}")
     if live is not None:
         peak = max(live[x.addr] for x in loop)
         at = [x for x in loop if live[x.addr] >= peak - 1]
         print(f"chunk loop {loop[0].addr:#x}..{loop[-1].addr:#x}: {min(live[x.addr] for x in loop)}-{peak} live registers; "
               f"the function's most {max(live.values())}. At the loop's peak (within 1), by region:")
-        for k, n in collections.Counter(region(x.frames) for x in at).most_common(6):
+        for k, n in collections.Counter(region(x.frames, root) for x in at).most_common(6):
             print(f"{n:>6}  {k}")
 
 

@@ -105,3 +105,23 @@ def test_live_registers_by_region(mod, tmp_path, capsys):
         mod.read_live(LIVE, "nope")
     with pytest.raises(SystemExit, match="another build"):
         mod.live_by_region(ins, {0x0: 1})
+
+
+def test_regions_are_the_calls_of_one_trip(mod):
+    # The default root, `run_trip` of foscar_consume.cuh: its body's lines bound the regions, and
+    # each side of a region is named by the source function it lies in.
+    root = mod.find_root("foscar_consume.cuh:run_trip")
+    lines = (mod.CSRC / "foscar_consume.cuh").read_text().splitlines()
+    assert "run_trip(" in lines[root.first - 1] and lines[root.last - 1] == "}"
+    inside = f"foscar_consume.cuh:{root.first + 3}"
+    struct = next(n for n, text in enumerate(lines, 1) if text.startswith("struct VFoldToken"))
+    pv = next(n for n, text in enumerate(lines, 1) if n > struct and " pv(" in text) + 3  # a line of VFoldToken::pv
+    frames = ["foscar_common.cuh:22", f"foscar_consume.cuh:{pv}", inside, "foscar_consume.cuh:586"]
+    assert mod.region(frames, root) == f"foscar_consume.cuh:{pv} <- {inside}"
+    assert mod.region(frames[:2] + ["foscar_decode.cuh:810"], root) == f"foscar_common.cuh:22 <- foscar_consume.cuh:{pv}"
+    assert mod.function_at(inside) == "run_trip" and mod.function_at("elsewhere.cuh:3") == "?"
+    assert mod.function_at(f"foscar_consume.cuh:{pv}") == "VFoldToken::pv"  # a member: its struct names it
+    with pytest.raises(SystemExit, match="no __device__ function 'nope'"):
+        mod.find_root("foscar_consume.cuh:nope")
+    with pytest.raises(SystemExit, match="expected FILE:FUNCTION"):
+        mod.find_root("run_trip")
