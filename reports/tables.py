@@ -59,11 +59,16 @@ def fmt_label(row) -> str:
 HEADLINE_HEADS = MODELS["llama3-8b"]  # the paper's table: Llama-3-8B's query heads, KV heads, head_dim
 
 
+def _at_paper_point(records: pd.DataFrame) -> pd.DataFrame:
+    """The records at batch 128, KV 32K, whatever their heads."""
+    return records[(records["batch"] == HEADLINE_BATCH) & (records["kv_len"] == HEADLINE_KV)]
+
+
 def headline(records: pd.DataFrame) -> pd.DataFrame:
     """The records of the paper's bandwidth point: batch 128, KV 32K, Llama-3-8B's heads."""
     q, kv, d = HEADLINE_HEADS
-    return records[(records["batch"] == HEADLINE_BATCH) & (records["kv_len"] == HEADLINE_KV)
-                   & (records["num_q_heads"] == q) & (records["num_kv_heads"] == kv) & (records["head_dim"] == d)]
+    at = _at_paper_point(records)
+    return at[(at["num_q_heads"] == q) & (at["num_kv_heads"] == kv) & (at["head_dim"] == d)]
 
 
 def bandwidth_table(records: pd.DataFrame) -> Table:
@@ -86,7 +91,7 @@ def bandwidth_table(records: pd.DataFrame) -> Table:
              "run" if measured["run_id"].nunique() > 1 else None)
     frame = frame.drop(columns=["order", "measured"])
     notes = []
-    other = records[(records["batch"] == HEADLINE_BATCH) & (records["kv_len"] == HEADLINE_KV)]
+    other = _at_paper_point(records)
     if len(other) > len(head):
         q, kv, d = HEADLINE_HEADS
         notes.append(f"{len(other) - len(head)} record(s) at batch {HEADLINE_BATCH}, KV {HEADLINE_KV // 1024}K "

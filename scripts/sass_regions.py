@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import functools
 import gzip
 import io
 import re
@@ -82,10 +83,17 @@ class Root:
         return file == self.file and self.first < int(line) <= self.last
 
 
+@functools.lru_cache(maxsize=None)
+def _source(file: str) -> tuple[str, ...]:
+    """The lines of foscar/csrc/`file`, read once."""
+    return tuple((CSRC / file).read_text().splitlines())
+
+
+@functools.lru_cache(maxsize=None)
 def _defs(file: str) -> list[tuple[int, str, int]]:
     """(line, qualified name, indent) of every __device__ function defined in foscar/csrc/`file`."""
     out, struct = [], None
-    for n, text in enumerate((CSRC / file).read_text().splitlines(), 1):
+    for n, text in enumerate(_source(file), 1):
         if m := _STRUCT.match(text):
             struct = m.group(1)
         elif m := _DEF.match(text):
@@ -99,7 +107,7 @@ def find_root(spec: str) -> Root:
     file, _, name = spec.partition(":")
     if not (CSRC / file).is_file() or not name:
         raise SystemExit(f"--root {spec!r}: expected FILE:FUNCTION with FILE in {CSRC}, e.g. foscar_consume.cuh:run_trip")
-    lines = (CSRC / file).read_text().splitlines()
+    lines = _source(file)
     for n, qual, indent in _defs(file):
         if qual == name or qual.endswith(f"::{name}"):
             end = next(i for i in range(n, len(lines) + 1) if lines[i - 1] == " " * indent + "}")

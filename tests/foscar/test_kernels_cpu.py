@@ -17,6 +17,17 @@ from foscar.config import QuantConfig
 DATA = Path(__file__).resolve().parents[2] / "docs/data"
 
 
+def _tar_lab_rows(name: str):
+    """Every row of the kernel_lab JSON files packed in docs/data/`name` (a .tar.gz), passed or not:
+    the tests assert that they all passed."""
+    import tarfile
+
+    with tarfile.open(DATA / name) as tar:
+        for member in tar.getmembers():
+            if member.name.endswith(".json"):
+                yield from ((member.name, r) for r in json.loads(tar.extractfile(member).read())["rows"])
+
+
 def _lab_rows(*patterns: str):
     """(file name, row) for the passed rows of the kernel_lab JSON files in docs/data matching the
     glob patterns (one file, one device call: compare times within a file)."""
@@ -462,17 +473,12 @@ def test_the_small_launch_rule_follows_its_measurements():
     # beside the two-CTA plan's split count forced, where the two launch alike. The rule is never
     # more than 1 % slower and up to 13 % faster where it applies; past 16 rows the two-CTA plan
     # loses somewhere, which is why it stops there.
-    import tarfile
-
     h100 = "NVIDIA H100 80GB HBM3"
     times: dict[tuple, dict[str, list[float]]] = {}
-    with tarfile.open(DATA / "lab_splits_planner_h100.tar.gz") as tar:
-        for member in tar.getmembers():
-            if member.name.endswith(".json"):
-                for r in json.loads(tar.extractfile(member).read())["rows"]:
-                    assert r["gpu_name"] == h100 and r["status"] == "passed", (member.name, r["variant"])
-                    times.setdefault((r["config"], r["batch"], r["kv_len"], r["bits"]), {}).setdefault(
-                        r["variant"], []).append(r["median_us"])
+    for file, r in _tar_lab_rows("lab_splits_planner_h100.tar.gz"):
+        assert r["gpu_name"] == h100 and r["status"] == "passed", (file, r["variant"])
+        times.setdefault((r["config"], r["batch"], r["kv_len"], r["bits"]), {}).setdefault(
+            r["variant"], []).append(r["median_us"])
     gains, losses_past = [], []
     for (config, batch, kv_len, bits), by in sorted(times.items()):
         chunks, rows = kv_len // kernels.CHUNK_TOKENS, batch * 8
@@ -512,20 +518,15 @@ def test_the_pairing_follows_the_gpu():
     # one-head launches won up to 128 rows and INT2's paired ones from 16384 rows x chunks: the
     # GPU's rule picks, at every shape measured, a time within 1.5 % of the faster, where the
     # rule measured on the H200 (pairs from 48 rows) is 15 % off somewhere.
-    import tarfile
-
     h100 = "NVIDIA H100 80GB HBM3"
     assert kernels.pairing_rule("NVIDIA H200", 4) == (kernels.PAIR_MIN_KV_ROWS, 0)
     assert kernels.pairing_rule(None, 2) == (kernels.PAIR_MIN_KV_ROWS, 0)
     times: dict[tuple, dict[int, list[float]]] = {}
-    with tarfile.open(DATA / "lab_hpi_h100.tar.gz") as tar:
-        for member in tar.getmembers():
-            if member.name.endswith(".json"):
-                for r in json.loads(tar.extractfile(member).read())["rows"]:
-                    assert r["gpu_name"] == h100 and r["status"] == "passed"
-                    heads = int(r["variant"].rsplit("/h", 1)[1])
-                    times.setdefault((r["config"], r["batch"], r["kv_len"], r["bits"]), {}).setdefault(heads, []).append(
-                        r["median_us"])
+    for _, r in _tar_lab_rows("lab_hpi_h100.tar.gz"):
+        assert r["gpu_name"] == h100 and r["status"] == "passed"
+        heads = int(r["variant"].rsplit("/h", 1)[1])
+        times.setdefault((r["config"], r["batch"], r["kv_len"], r["bits"]), {}).setdefault(heads, []).append(
+            r["median_us"])
     worst_old = 1.0
     for (config, batch, kv_len, bits), by in times.items():
         mean = {h: sum(v) / len(v) for h, v in by.items()}
