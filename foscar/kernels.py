@@ -66,7 +66,7 @@ SECOND_INSTANCE_WIDTHS: tuple[tuple[str, tuple[int, ...]], ...] = (("H100 80GB H
 # two of them already keep the H100's bus as busy as three. Past 16 rows the two-CTA count was
 # mixed (b4 / 4K 9 % faster, b5 / 16K 6 % slower). Elsewhere (other GPUs, more rows) the
 # kernel's own count.
-SMALL_LAUNCH_CTAS: tuple[tuple[str, tuple[int, int]], ...] = (("H100 80GB HBM3", (16, 2)),)
+SMALL_LAUNCH_CTAS: tuple[tuple[str, tuple[int, int]], ...] = (("H100 80GB HBM3", (16, 2)), ("H200", (16, 2)))
 
 
 def planned_ctas_per_sm(gpu_name: str | None, rows: int, ctas_per_sm: int) -> int:
@@ -184,9 +184,15 @@ PAIR_MIN_KV_ROWS = 48
 # docs/data/lab_hpi_h100.tar.gz) INT4's one-head launches ran 2.5-15 % faster than its paired
 # ones at batch 4-16 up to 128 rows (level at batch 8 / 128K), while INT2's paired ones won
 # 2-13 % from 16384 rows x chunks (batch 4 / 32K, batch 8 from 16K) and lost 2-10 % below it
-# (batch 8 / 4K and 8K, batch 6 / 16K); elsewhere PAIR_MIN_KV_ROWS, as measured on the H200.
+# (batch 8 / 4K and 8K, batch 6 / 16K). On the H200 (GPU-23e5a4d9, v41, twenty-ninth session,
+# docs/data/lab_hpi_h200.tar.gz) INT2 followed the same rule (paired 2-13 % faster from 16384,
+# 3-10 % slower below it but for batch 16 / 4K, 1 % off), and INT4's paired launches won only
+# from 32768 rows x chunks (batch 8 at 32K and 128K, 1 and 5 %): one head ran 2.4-12 % faster at
+# batch 4-32 below it (batch 8 / 4K 12 %, batch 6 / 16K 9 %, batch 32 / 4K 3 %). Elsewhere
+# PAIR_MIN_KV_ROWS.
 PAIRING_RULES: tuple[tuple[str, dict[int, tuple[int, int]]], ...] = (
     ("H100 80GB HBM3", {4: (256, 0), 2: (32, 16384)}),
+    ("H200", {4: (64, 32768), 2: (32, 16384)}),
 )
 
 

@@ -23,7 +23,8 @@ v31's, runs), so that one library answers whether its second instances pay.
 
 `--prebuilt NAME=PATH` adds a library built elsewhere (another commit's libfoscar.so, its
 cache directory carried to the box) as a variant, so that one call compares two trees' kernels;
-its C struct must be a prefix of this tree's (fields are only ever appended).
+its C struct must be a prefix of this tree's (fields are only ever appended). With --prebuilt
+and no --variant nothing is built.
 
 `--profile NAME` runs one launch of that variant per config, after the same check, inside
 the NVTX range `lab_<config>` for `ncu --nvtx --nvtx-include 'lab_4ct/'`, and skips timing.
@@ -383,7 +384,9 @@ def main() -> int:
                          "per config, recording each CTA's phases")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    variants = [parse_variant(v) for v in (args.variant or ["base="])]
+    # No --variant: the tree's default build, unless only --prebuilt libraries are compared (then
+    # nothing is built: a box given two carried libraries spends no time in nvcc).
+    variants = [parse_variant(v) for v in (args.variant or ([] if args.prebuilt else ["base="]))]
     if args.profile and args.timeline:
         raise SystemExit("--profile and --timeline each run one variant their own way: pass one")
     prebuilt = parse_prebuilt(args.prebuilt)
