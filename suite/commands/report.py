@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 # The read floor measured with the bundled grid runs (docs/MEASUREMENT.md): --bundled's default.
-BUNDLED_FLOOR = Path(__file__).resolve().parents[2] / "docs" / "data" / "floor_h200_grid_e076145.json"
+BUNDLED_FLOOR = Path(__file__).resolve().parents[2] / "docs" / "data" / "floor_h200_grid_e0c73ba.json"
 
 
 def _floor_text(path: Path) -> str:
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         floor_from: Optional[Path] = typer.Option(
             None, "--floor-from",
             help="A read floor (`foscar-bench ceiling --floor --json-out F`, on the GPU the records came from) "
-            "for the speedup-bound section. Default with --bundled: docs/data/floor_h200_grid_e076145.json."),
+            "for the speedup-bound section. Default with --bundled: docs/data/floor_h200_grid_e0c73ba.json."),
     ) -> None:
         """Write a report folder: the paper's tables beside ours, the speedup bound, rooflines, scaling, accuracy."""
         from reports.report import build_report

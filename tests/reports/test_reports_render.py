@@ -147,8 +147,8 @@ def test_each_format_of_ours_is_a_row_of_its_own_cases():
 
 
 def test_bundled_speedups_are_per_format_and_agree_with_the_bound(rendered_bundled):
-    # The paper point (b128/32K) was measured in three K/V formats, two of them at an older commit
-    # (paper-tokenk-h200-89c3f30); each format is a row of its own. The K-channel rows are the 16
+    # The paper point (b128/32K) was measured in three K/V formats (the two token-wise-K ones in
+    # paper-tokenk-h200-e0c73ba); each format is a row of its own. The K-channel rows are the 16
     # grid cases of section 2b (was one row of 18 cases: 3.15x, 2.85x and 1.92x).
     out = rendered_bundled.parent
     table = pd.read_csv(out / "speedups.csv")
@@ -156,19 +156,20 @@ def test_bundled_speedups_are_per_format_and_agree_with_the_bound(rendered_bundl
     int2 = table[(table["kernel"] == "foscar-int2") & (table["over"] == "flashinfer-bf16-tc")]
     assert int2["n_cases"].tolist() == [16, 1, 1]  # K channel / V token, K token / V channel, K token / V token
     kc = table[table["format"] == "K channel, V token, g128"].set_index(["kernel", "over"])
-    for ours, over, expect in (("foscar-int2", "flashinfer-bf16-tc", 3.01), ("foscar-int4", "flashinfer-bf16-tc", 2.76),
-                               ("foscar-int2", "trtllm-xqa-fp8", 1.88)):
+    for ours, over, expect in (("foscar-int2", "flashinfer-bf16-tc", 3.17), ("foscar-int4", "flashinfer-bf16-tc", 2.84),
+                               ("foscar-int2", "trtllm-xqa-fp8", 1.96)):
         row = kc.loc[(ours, over)]
         assert row["n_cases"] == 16 and round(row["geomean_speedup"], 2) == expect
         b = bound[(bound["ours"] == ours) & (bound["over"] == over) & (bound["format"] == "K channel, V token, g128")]
-        # 2b reads the grid run alone; here the paper run's later b128/32K records win: same to 0.1%
-        assert row["geomean_speedup"] == pytest.approx(b["geomean_speedup"].iloc[0], rel=1e-3)
+        # 2b reads the grid run alone; here the paper run's later b128/32K records win (INT4 1051.0 us
+        # there against the grid's 1083.9, its SM clock dipping): one case of 16, 0.2 % of the geo-mean
+        assert row["geomean_speedup"] == pytest.approx(b["geomean_speedup"].iloc[0], rel=3e-3)
     tk = table[table["format"] == "K token, V token, g128"]
-    assert (tk["n_cases"] == 1).all() and set(tk["ours_commits"]) == {"89c3f30"}
+    assert (tk["n_cases"] == 1).all() and set(tk["ours_commits"]) == {"e0c73ba"}
     assert (table[table["over"] == "flashinfer-bf16-fa3"]["n_cases"] == 1).all()
     text = rendered_bundled.read_text()
     section1 = text.split('id="bandwidth"')[1].split("<h2")[0]
-    assert "<th>commit</th>" in section1 and "a65701e" in section1 and "89c3f30" in section1
+    assert "<th>commit</th>" in section1 and "e0c73ba" in section1 and "8659cba" in section1  # ours, a baseline's
 
 
 def test_a_shape_of_ours_in_two_page_sizes_counts_once():
