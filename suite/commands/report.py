@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         floor_from: Optional[Path] = typer.Option(
             None, "--floor-from",
             help="A read floor (`foscar-bench ceiling --floor --json-out F`, on the GPU the records came from) "
-            "for the speedup-bound section. Default with --bundled: docs/data/floor_h200_grid_e0c73ba.json."),
+            f"for the speedup-bound section. Default with --bundled: docs/data/{BUNDLED_FLOOR.name}."),
     ) -> None:
         """Write a report folder: the paper's tables beside ours, the speedup bound, rooflines, scaling, accuracy."""
         from reports.report import build_report

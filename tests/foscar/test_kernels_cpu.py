@@ -36,6 +36,16 @@ def _lab_rows(*patterns: str):
             yield from ((path.name, r) for r in json.loads(path.read_text())["rows"] if r["status"] == "passed")
 
 
+def _times_by_shape(rows, inner=lambda r: r["variant"], with_file: bool = False):
+    """{(file if with_file, config, batch, kv_len, bits): {inner(row): [median_us, ...]}} of (file,
+    row) pairs of kernel_lab rows (each round one entry)."""
+    times: dict[tuple, dict] = {}
+    for file, r in rows:
+        shape = (r["config"], r["batch"], r["kv_len"], r["bits"])
+        times.setdefault((file, *shape) if with_file else shape, {}).setdefault(inner(r), []).append(r["median_us"])
+    return times
+
+
 @pytest.mark.parametrize("batch,kv_heads,max_chunks", [(128, 8, 512), (1, 8, 2048), (8, 8, 64), (1, 1, 1), (32, 8, 2048)])
 def test_plan_covers_every_chunk_with_at_most_a_gpu_of_ctas(batch, kv_heads, max_chunks):
     plan = kernels.plan_launch(batch, kv_heads, max_chunks, num_sms=132, ctas_per_sm=3)
@@ -371,10 +381,9 @@ def test_the_second_instance_is_chosen_where_it_was_faster():
     # (docs/data/lab_v35p_*.json: v31's library, three CTAs, beside v35's, four, each with its
     # planner's split count), the rule's pick must be within 2 % of the faster of the two at every
     # shape measured.
-    times: dict[tuple, dict[str, list[float]]] = {}
-    for file, r in _lab_rows("lab_v35p_b*_kv*.json"):
-        if r["variant"] in ("base", "v35"):  # 4ct, 2ct, 2tt: all have the instance
-            times.setdefault((file, r["config"], r["batch"], r["kv_len"], r["bits"]), {}).setdefault(r["variant"], []).append(r["median_us"])
+    rows = [(file, r) for file, r in _lab_rows("lab_v35p_b*_kv*.json")
+            if r["variant"] in ("base", "v35")]  # 4ct, 2ct, 2tt: all have the instance
+    times = _times_by_shape(rows, with_file=True)
     for (file, config, batch, kv_len, bits), by in times.items():
         plan = kernels.plan_launch(batch, 8, kv_len // kernels.CHUNK_TOKENS, num_sms=132, ctas_per_sm=4,
                                    max_item_chunks=kernels.MAX_ITEM_CHUNKS[bits])
@@ -394,10 +403,9 @@ def test_the_second_instance_follows_the_gpu():
     assert kernels.second_instance_widths(h100) == (2,)
     assert kernels.second_instance_widths("NVIDIA H200") == (2, 4)
     assert kernels.second_instance_widths(None) == (2, 4)
-    times: dict[tuple, dict[str, list[float]]] = {}
-    for file, r in _lab_rows("lab_inst_h100_b*_kv*.json", "lab_inst_h100_tt_b*_kv*.json"):
-        assert r["gpu_name"] == h100
-        times.setdefault((file, r["config"], r["batch"], r["kv_len"], r["bits"]), {}).setdefault(r["variant"], []).append(r["median_us"])
+    rows = list(_lab_rows("lab_inst_h100_b*_kv*.json", "lab_inst_h100_tt_b*_kv*.json"))
+    assert all(r["gpu_name"] == h100 for _, r in rows)
+    times = _times_by_shape(rows, with_file=True)
     worst_old = 1.0
     for (file, config, batch, kv_len, bits), by in times.items():
         plan = kernels.plan_launch(batch, 8, kv_len // kernels.CHUNK_TOKENS, num_sms=132, ctas_per_sm=4,
@@ -474,11 +482,10 @@ def test_the_small_launch_rule_follows_its_measurements():
     # more than 1 % slower and up to 13 % faster where it applies; past 16 rows the two-CTA plan
     # loses somewhere, which is why it stops there.
     h100 = "NVIDIA H100 80GB HBM3"
-    times: dict[tuple, dict[str, list[float]]] = {}
-    for file, r in _tar_lab_rows("lab_splits_planner_h100.tar.gz"):
+    rows = list(_tar_lab_rows("lab_splits_planner_h100.tar.gz"))
+    for file, r in rows:
         assert r["gpu_name"] == h100 and r["status"] == "passed", (file, r["variant"])
-        times.setdefault((r["config"], r["batch"], r["kv_len"], r["bits"]), {}).setdefault(
-            r["variant"], []).append(r["median_us"])
+    times = _times_by_shape(rows)
     gains, losses_past = [], []
     for (config, batch, kv_len, bits), by in sorted(times.items()):
         chunks, rows = kv_len // kernels.CHUNK_TOKENS, batch * 8
@@ -522,12 +529,9 @@ def test_the_pairing_follows_the_gpu(tarball, gpu):
     # 10 % off somewhere on each.
     assert kernels.pairing_rule(None, 2) == (kernels.PAIR_MIN_KV_ROWS, 0)
     assert kernels.pairing_rule("NVIDIA A100-SXM4-80GB", 4) == (kernels.PAIR_MIN_KV_ROWS, 0)
-    times: dict[tuple, dict[int, list[float]]] = {}
-    for _, r in _tar_lab_rows(tarball):
-        assert r["gpu_name"] == gpu and r["status"] == "passed"
-        heads = int(r["variant"].rsplit("/h", 1)[1])
-        times.setdefault((r["config"], r["batch"], r["kv_len"], r["bits"]), {}).setdefault(heads, []).append(
-            r["median_us"])
+    rows = list(_tar_lab_rows(tarball))
+    assert all(r["gpu_name"] == gpu and r["status"] == "passed" for _, r in rows)
+    times = _times_by_shape(rows, inner=lambda r: int(r["variant"].rsplit("/h", 1)[1]))  # KV heads an item
     worst_old = 1.0
     for (config, batch, kv_len, bits), by in times.items():
         mean = {h: sum(v) / len(v) for h, v in by.items()}
