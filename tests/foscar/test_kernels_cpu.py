@@ -482,10 +482,10 @@ def test_the_small_launch_rule_follows_its_measurements():
     # more than 1 % slower and up to 13 % faster where it applies; past 16 rows the two-CTA plan
     # loses somewhere, which is why it stops there.
     h100 = "NVIDIA H100 80GB HBM3"
-    rows = list(_tar_lab_rows("lab_splits_planner_h100.tar.gz"))
-    for file, r in rows:
+    lab = list(_tar_lab_rows("lab_splits_planner_h100.tar.gz"))
+    for file, r in lab:
         assert r["gpu_name"] == h100 and r["status"] == "passed", (file, r["variant"])
-    times = _times_by_shape(rows)
+    times = _times_by_shape(lab)
     gains, losses_past = [], []
     for (config, batch, kv_len, bits), by in sorted(times.items()):
         chunks, rows = kv_len // kernels.CHUNK_TOKENS, batch * 8
