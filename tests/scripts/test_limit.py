@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT
 
-DEVICE_SCRIPTS = ("h200_record", "h200_shapes", "h200_lab", "h200_e2e")
+DEVICE_SCRIPTS = ("h200_record", "h200_shapes", "h200_lab", "h200_e2e", "h200_rules")
 
 
 def bash(line: str, tmp_path) -> subprocess.CompletedProcess:
@@ -59,3 +59,39 @@ def test_the_lab_script_brings_back_at_most_eight_files(tmp_path):
     assert len(names) <= 8 and "timelines.tar.gz" in names and "lab.json" in names, names
     listed = subprocess.run(["tar", "tzf", out / "timelines.tar.gz"], capture_output=True, text=True, check=True)
     assert len(listed.stdout.split()) == 4
+
+
+def _fake_gpu_tools(bin_, card: str) -> None:
+    fake = {  # kernel_lab.py writes the file after --json; every other python3 step prints a line
+        "python3": 'while [[ $# -gt 0 ]]; do [[ $1 == --json ]] && echo "{}" > "$2"; shift; done; echo ok',
+        "nvidia-smi": f"echo '{card}'",
+    }
+    bin_.mkdir()
+    for name, body in fake.items():
+        (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_ / name).chmod(0o755)
+
+
+def test_the_rules_script_times_both_trees_and_brings_back_five_files(tmp_path):
+    # scripts/h200_rules.sh: the lab's shapes in one tarball, then h200_record.sh on this tree and
+    # on the tarball of another, each leaving only its tarball and log (a call brings back 8 files).
+    _fake_gpu_tools(tmp_path / "bin", "NVIDIA H200, GPU-0")
+    row = tmp_path / "row.tar.gz"
+    subprocess.run(["bash", "-c", f"git archive --format=tar.gz HEAD -- scripts > {row}"], cwd=ROOT, check=True)
+    out = tmp_path / "out"
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "OUT": str(out), "LIB": "lib.so", "FOSCAR_GIT_SHA": "aaaaaaa",
+           "ROW_TREE": str(row), "ROW_SHA": "bbbbbbb", "FOSCAR_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run(["bash", "scripts/h200_rules.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files == ["record.log", "record.tar.gz", "row/record.log", "row/record.tar.gz", "rules_lab.tar.gz"], files
+    listed = subprocess.run(["tar", "tzf", out / "rules_lab.tar.gz"], capture_output=True, text=True, check=True)
+    assert len([n for n in listed.stdout.split() if n.endswith(".json")]) == 5
+    assert "stages: grid paper floor targets" in (out / "row" / "record.log").read_text()
+
+
+def test_the_rules_script_stops_on_another_card(tmp_path):
+    _fake_gpu_tools(tmp_path / "bin", "NVIDIA H100 80GB HBM3, GPU-1")
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "LIB": "lib.so"}
+    r = subprocess.run(["bash", "scripts/h200_rules.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3 and "not a H200: NVIDIA H100 80GB HBM3" in r.stdout, r.stdout + r.stderr
