@@ -12,26 +12,25 @@
 # and batch 1 / 32K, where the four-CTA instance runs either way.
 # GPU (default H200): the card the rule is for; another card exits 3 before any work.
 set -uo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/limit.sh"  # limit: timeout that says so in the log
+source "$(dirname "${BASH_SOURCE[0]}")/limit.sh"  # limit_failures: the lab shapes cut off or failing
 export PYTHONUNBUFFERED=1 PYTHONPATH=. FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-$PWD/.foscar-cache}
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-W=$(mktemp -d); LOG=$W/lab.log
+W=$(mktemp -d)
 CARD=$(nvidia-smi --query-gpu=name,uuid --format=csv,noheader 2>/dev/null | head -1)
-echo "== $CARD" | tee "$LOG"
-[[ $CARD == *"${GPU:-H200}"* ]] || { echo "== not a ${GPU:-H200}: $CARD" | tee -a "$LOG"; cp "$LOG" "$OUT/"; exit 3; }
+echo "== $CARD"
+[[ $CARD == *"${GPU:-H200}"* ]] || { echo "== not a ${GPU:-H200}: $CARD"; exit 3; }
 : "${LIB:?LIB: the library the lab times (.foscar-cache/sm_90a-<key>/libfoscar.so)}"
 LAB=${LAB:-"1 8192 plan,32 own;1 16384 plan,32 own;2 4096 plan,16 own;2 8192 plan,16 own;1 32768 plan,32 planner,own"}
 BACKENDS_PAPER=${BACKENDS_PAPER:-foscar-int4,foscar-int2,flashinfer-bf16-tc,trtllm-xqa-fp8}
 STAGES=${STAGES:-tests grid paper floor targets}
 IFS=';' read -ra shapes <<< "$LAB"
-for shape in "${shapes[@]}"; do
-    read -r b kv splits inst <<< "$shape"
-    limit 150 python3 scripts/kernel_lab.py --prebuilt "rule=$LIB" --configs "${CONFIGS:-4ct,2ct}" --rounds 2 \
-        --instances "${inst:-own}" --batch "$b" --kv-len "$kv" --splits "$splits" --json "$W/lab_b${b}_kv${kv}.json" 2>&1 \
-        | grep -vE '^\{' | tail -14 | tee -a "$LOG"
+for i in "${!shapes[@]}"; do  # each shape through h200_shapes.sh (its log with the clocks), with its own LAB_ARGS
+    read -r b kv splits inst <<< "${shapes[$i]}"
+    SHAPES="$b $kv ${CONFIGS:-4ct,2ct} 2" TAG="rules$i" OUT="$W" \
+        LAB_ARGS="--prebuilt rule=$LIB --instances ${inst:-own} --splits $splits" bash scripts/h200_shapes.sh
 done
 tar -C "$W" -czf "$OUT/rules_lab.tar.gz" .
-n=$(limit_failures "$LOG")
+n=$(limit_failures <(cat "$W"/rules*.log))
 STAGES="$STAGES" BACKENDS_PAPER="$BACKENDS_PAPER" OUT="$OUT" bash scripts/h200_record.sh 2>&1 | tail -60
 rc=$?
 rm -rf "$OUT/record"  # in record.tar.gz: a call brings back at most 8 files

@@ -38,19 +38,26 @@ def test_device_scripts_time_their_stages_with_limit(name):
     subprocess.run(["bash", "-n", ROOT / "scripts" / f"{name}.sh"], check=True)
 
 
+def _fake_gpu_tools(bin_, card: str, **more: str) -> None:
+    """Stand-ins for the GPU's tools in bin_: python3 writes the file after --json, as kernel_lab.py
+    does, and prints a line for every other step; nvidia-smi prints `card`; `more` adds others
+    (name=body)."""
+    fake = {
+        "python3": 'while [[ $# -gt 0 ]]; do [[ $1 == --json ]] && echo "{}" > "$2"; shift; done; echo ok',
+        "nvidia-smi": f"echo '{card}'",
+        **more,
+    }
+    bin_.mkdir()
+    for name, body in fake.items():
+        (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_ / name).chmod(0o755)
+
+
 def test_the_lab_script_brings_back_at_most_eight_files(tmp_path):
     # Four timelines, the timed comparison and one profile write ten files; a device call brings
     # back eight, so the timelines travel as one tarball. Fakes stand in for the GPU's tools.
     bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    fake = {  # writes the file after --json, as kernel_lab.py does; ncu and nvidia-smi print a line
-        "python3": 'while [[ $# -gt 0 ]]; do [[ $1 == --json ]] && echo "{}" > "$2"; shift; done; echo ok',
-        "nvidia-smi": "echo 'NVIDIA H200, 1980 MHz'",
-        "ncu": "echo ncu",
-    }
-    for name, body in fake.items():
-        (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")
-        (bin_ / name).chmod(0o755)
+    _fake_gpu_tools(bin_, "NVIDIA H200, 1980 MHz", ncu="echo ncu")
     out = tmp_path / "out"
     env = {"PATH": f"{bin_}:/usr/bin:/bin", "OUT": str(out), "TIMELINE": "tl", "PROFILE": "p", "VARIANTS": "tl="}
     r = subprocess.run(["bash", "scripts/h200_lab.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -59,17 +66,6 @@ def test_the_lab_script_brings_back_at_most_eight_files(tmp_path):
     assert len(names) <= 8 and "timelines.tar.gz" in names and "lab.json" in names, names
     listed = subprocess.run(["tar", "tzf", out / "timelines.tar.gz"], capture_output=True, text=True, check=True)
     assert len(listed.stdout.split()) == 4
-
-
-def _fake_gpu_tools(bin_, card: str) -> None:
-    fake = {  # kernel_lab.py writes the file after --json; every other python3 step prints a line
-        "python3": 'while [[ $# -gt 0 ]]; do [[ $1 == --json ]] && echo "{}" > "$2"; shift; done; echo ok',
-        "nvidia-smi": f"echo '{card}'",
-    }
-    bin_.mkdir()
-    for name, body in fake.items():
-        (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")
-        (bin_ / name).chmod(0o755)
 
 
 def test_the_rules_script_times_both_trees_and_brings_back_five_files(tmp_path):
