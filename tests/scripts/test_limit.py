@@ -91,3 +91,18 @@ def test_the_rules_script_stops_on_another_card(tmp_path):
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "LIB": "lib.so"}
     r = subprocess.run(["bash", "scripts/h200_rules.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 3 and "not a H200: NVIDIA H100 80GB HBM3" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_rules_script_runs_the_lab_alone_with_no_stages(tmp_path):
+    # STAGES=none: the lab's shapes on the named card, no harness on either tree.
+    _fake_gpu_tools(tmp_path / "bin", "NVIDIA H100 80GB HBM3, GPU-1")
+    out = tmp_path / "out"
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "OUT": str(out), "LIB": "lib.so", "GPU": "H100",
+           "STAGES": "none", "LAB": "3 2048 plan,11 own;8 16384 plan,4 own", "CONFIGS": "4ct",
+           "ROW_TREE": str(tmp_path / "absent.tar.gz"), "FOSCAR_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run(["bash", "scripts/h200_rules.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["rules_lab.tar.gz"]
+    listed = subprocess.run(["tar", "tzf", out / "rules_lab.tar.gz"], capture_output=True, text=True, check=True)
+    assert sorted(n for n in listed.stdout.split() if n.endswith(".json")) == [
+        "./lab_rules0_b3_kv2048.json", "./lab_rules1_b8_kv16384.json"]
