@@ -221,6 +221,9 @@ struct DecodeShape {
   static constexpr int kThreads = 256;  // producer warpgroup + consumer warpgroup
   static constexpr int kWordsK = kD * BITS / 64;  // K words per lane of one 16-token tile
   static constexpr bool kHasTail = KCH || VCH;
+  // A cache with a tail packs whole groups only: with groups of whole chunks, no chunk is partial
+  // and the scores need no mask (SStream::scores).
+  static constexpr bool kWholeChunks = kHasTail && G % kChunk == 0;
   static_assert(kStageBytes % 16 == 0 && kCodeBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
 };
 
@@ -1064,7 +1067,7 @@ struct SStream {
   __device__ __forceinline__ void scores(int c, float (&x)[4]) const {
     ks.scores(s, L, stage(L.hp) + 2 * T::kCodeBytes, x);
     const int tok0 = c * kChunk;
-    if (tok0 + kChunk > w.packed_len) {
+    if (!T::kWholeChunks && tok0 + kChunk > w.packed_len) {  // (predicated by ptxas: 4 FSEL a trip)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         if (tok0 + L.token(e) >= w.packed_len) x[e] = kNegInf;
