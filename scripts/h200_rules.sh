@@ -11,8 +11,8 @@
 # batch 2 at 4K and 8K on the kernel's own instance at the plan's count and the two-CTA plan's,
 # and batch 1 / 32K, where the four-CTA instance runs either way.
 # GPU (default H200): the card the rule is for; another card exits 3 before any work.
-# STAGES=none: the lab alone (a rule's first look on a card, e.g. GPU=H100 with the shapes of
-# docs/PERFORMANCE.md's item 2), without the harness on either tree.
+# STAGES=none: the lab alone, without the harness on either tree (a rule's first look on a card,
+# e.g. GPU=H100 CONFIGS=4ct with forced split counts; docs/PERFORMANCE.md, thirty-second session).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/limit.sh"  # limit_failures: the lab shapes cut off or failing
 export PYTHONUNBUFFERED=1 PYTHONPATH=. FOSCAR_CACHE_DIR=${FOSCAR_CACHE_DIR:-$PWD/.foscar-cache}
@@ -38,12 +38,12 @@ if [[ $STAGES != none ]]; then
     STAGES="$STAGES" BACKENDS_PAPER="$BACKENDS_PAPER" OUT="$OUT" bash scripts/h200_record.sh 2>&1 | tail -60
     rc=$?
     rm -rf "$OUT/record"  # in record.tar.gz: a call brings back at most 8 files
-fi
-if [[ -n ${ROW_TREE:-} && $STAGES != none ]]; then  # the other commit's tree, timed the same way (no kernel tests: same library)
-    R=$(mktemp -d); tar -xzf "$ROW_TREE" -C "$R" && [[ -d .whl ]] && ln -s "$PWD/.whl" "$R/.whl"
-    (cd "$R" && STAGES="${ROW_STAGES:-grid paper floor targets}" BACKENDS_PAPER="$BACKENDS_PAPER" OUT="$OUT/row" \
-        FOSCAR_GIT_SHA="${ROW_SHA:?ROW_SHA: the commit ROW_TREE holds}" bash scripts/h200_record.sh 2>&1 | tail -60)
-    rc=$(( rc || $? )); rm -rf "$OUT/row/record"
+    if [[ -n ${ROW_TREE:-} ]]; then  # the other commit's tree, timed the same way (no kernel tests: same library)
+        R=$(mktemp -d); tar -xzf "$ROW_TREE" -C "$R" && [[ -d .whl ]] && ln -s "$PWD/.whl" "$R/.whl"
+        (cd "$R" && STAGES="${ROW_STAGES:-grid paper floor targets}" BACKENDS_PAPER="$BACKENDS_PAPER" OUT="$OUT/row" \
+            FOSCAR_GIT_SHA="${ROW_SHA:?ROW_SHA: the commit ROW_TREE holds}" bash scripts/h200_record.sh 2>&1 | tail -60)
+        rc=$(( rc || $? )); rm -rf "$OUT/row/record"
+    fi
 fi
 (( n == 0 )) || echo "== $n lab shape(s) timed out or failed"
 exit $(( rc || n > 0 ))
