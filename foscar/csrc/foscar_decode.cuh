@@ -76,7 +76,7 @@ enum TimelinePhase : int {
   kTlWritten,    // the split's partials written, before the merge counter's atomic (the output, with one split)
   kTlCounted,    // the merge counter's atomic returned (every split's CTA)
   kTlMergeFenced,    // the merge: past the barrier after the count, before the (m, l) loads (the CTA whose split arrived last only)
-  kTlMergeWeighted,  // the merge: column 0 weighed by warp 0, its first partials loaded with the (m, l) (the same)
+  kTlMergeWeighted,  // the merge: the splits' weights in shared memory (one-head kernels: column 0's, its first partials loaded) (the same)
   kTlMerged,     // the merge of every split written (the CTA whose split arrived last only)
   kTlQuarter1,   // the consumers begin the item's trip n / 4 (n its trips): its progress, with
   kTlHalf,       // trip n / 2
@@ -292,11 +292,11 @@ struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   static constexpr int kEntryRegs = (65536 / (Shape::kThreads * kCtasPerSm)) / 8 * 8;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = (2 * kEntryRegs - kProducerRegs) / 8 * 8;
-  // How many splits' partials a merging thread loads at once (merge_splits; a float4 each): the
-  // merge is a chain of round trips to L2, ceil(splits / kMergeBatch) of them. As many as the
-  // consumers' registers hold with no more spilled into the trip loop (ptxas, v44): 16 at three
-  // CTAs an SM, 12 in the one-head kernels at four, 8 in the paired ones at four and at G = 32.
-  static constexpr int kMergeBatch = G_ < 64 ? 8 : kCtasPerSm < 4 ? 16 : HP_ == 1 ? 12 : 8;
+  // How many splits' partials a merging thread of a one-head kernel loads at once (merge_batched;
+  // a float4 each): the merge is a chain of round trips to L2, ceil(splits / kMergeBatch) of them.
+  // As many as the consumers' registers hold with no more spilled into the trip loop (ptxas, v44):
+  // 16 at three CTAs an SM, 12 at four, 8 at G = 32.
+  static constexpr int kMergeBatch = G_ < 64 ? 8 : kCtasPerSm < 4 ? 16 : 12;
 };
 
 template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, int CTAS = 0>
@@ -1080,34 +1080,84 @@ struct SStream {
   }
 };
 
-// After every split of an item wrote its partials (o against its own maximum m, and l): the
-// last split of a (sequence, KV head) to arrive merges them all into the output and resets the
-// counter for the next launch.
-template <class T>
-__device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w) {
-  const int hq0 = w.h * p.ratio;
-  // The consumers' partials stores are ordered before thread 0's release by the barrier; its
-  // acquire, when it counts last, before their reads of the other splits' partials by the next.
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  if (L.tid == 0) {
-    timeline_stamp<T>(p, w, kTlWritten);
-    int* count = p.ws_count + (size_t)w.b * p.num_kv_heads + w.h;
-    const int done = atomic_add_acq_rel_gpu(count, 1);
-    s.last_split = done == p.num_splits - 1;
-    if (s.last_split) *count = 0;  // every split has counted: ready for the next launch
-    timeline_stamp<T>(p, w, kTlCounted);
+// The merge's weights: wgt[hd n + i] = exp2(m - max) / denominator of column hd's partial i (0 for
+// a partial with no token), where row(hd, i) is that partial's row of (m, l) pairs in p.ws_ml.
+// Lane l of warp w holds the pairs of splits l, l + 32, .. of columns w, w + 4 (at most 128
+// splits: 4 a lane), read as one float2 each, so the weights take one round trip to L2 and no
+// barrier (v38: batch 1 3-6 % faster from 4K to 32K than the m through shared memory first and
+// the l after; v39: the paired kernels too, batch 8 2-5 % faster).
+template <class Row>
+__device__ __forceinline__ void merge_weights(const DecodeParams& p, const Lane& L, float* wgt, int n, Row&& row) {
+  const float2* ml = reinterpret_cast<const float2*>(p.ws_ml);
+  for (int hd = L.warp; hd < p.cols; hd += 4) {
+    float2 v[4];
+    float mx = kNegInf;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = L.lane + 32 * k;
+      v[k] = i < n ? __ldcg(ml + row(hd, i)) : make_float2(kNegInf, 0.f);
+      mx = fmaxf(mx, v[k].x);
+    }
+    mx = reduce_lanes<32, true>(mx);
+    float e[4], den = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      e[k] = v[k].x == kNegInf ? 0.f : exp2f(v[k].x - mx);  // a split with no tokens weighs 0
+      den = fmaf(e[k], v[k].y, den);
+    }
+    den = reduce_lanes<32, false>(den);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = L.lane + 32 * k;
+      if (i < n) wgt[hd * n + i] = e[k] / den;
+    }
   }
+}
+
+// The merge of the paired kernels (v38-v43): every warp weighs its columns (merge_weights), a
+// barrier, then warp w sums columns w, w + 4 over the splits, lane l channels 4 l .. 4 l + 3, as
+// float4 with independent loads, 8 at a time: one SM reads 64 KB of partials in 2.1 us so, in
+// 5.0 us as 4-byte loads (scripts/probe_merge_read.cu), and batch 1 ran 2.5-10 % faster
+// (docs/PERFORMANCE.md, v22). (Each thread reading every (m, l) itself, with the loads in a chain,
+// cost ~35 us at batch 1 and 128K, where the last CTA of a KV head merges 49 splits while the rest
+// of the GPU waits.) The paired kernels keep it: merge_batched's code moved ptxas's schedule of
+// INT2's paired trip loop, 0.8 % slower at batch 128 on an H100 (v44).
+template <class T>
+__device__ __forceinline__ void merge_weights_first(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
+                                                    const WorkItem& w, int hq0) {
+  const int S = p.num_splits;  // at most 8 columns x 128 splits (foscar_dispatch.h)
+  float* wgt = &s.merge[0][0][0];  // [column][split]
+  static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 columns x 128 splits");
+  const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // column hd, split sp: row0 + hd S + sp
+  merge_weights(p, L, wgt, S, [&](int hd, int sp) { return row0 + hd * S + sp; });
   named_barrier(kConsumerBarrier, kConsumerThreads);
-  if (!s.last_split) return;
-  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
-  // Warp w merges columns w, w + 4: lane l holds channels 4 l .. 4 l + 3 of the output and the
-  // (m, l) pairs of splits l, l + 32, .. (at most 128 splits: 4 a lane). The pairs and the first
-  // kMergeBatch splits' partials (DecodeTraits) are loaded together, so the weights cost no round
-  // trip of their own; the weights, exp2(m - max) / denominator (0 for a split with no token),
-  // pass through shared memory to the lanes that sum, within the warp. (v43: the weights first, by every warp,
-  // then a barrier, then the partials 8 at a time; before v38 each thread read every (m, l) in a
-  // chain, ~35 us at batch 1 and 128K, where the last CTA of a KV head merges 49 splits while the
-  // rest of the GPU waits.)
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
+  const int ch = 4 * L.lane;
+  for (int hd = L.warp; hd < p.cols; hd += 4) {
+    const float4* src = reinterpret_cast<const float4*>(p.ws_o + (row0 + (size_t)hd * S) * kD + ch);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int sp = 0; sp < S; ++sp) {
+      const float4 v = __ldcg(src + (size_t)sp * (kD / 4));
+      const float wv = wgt[hd * S + sp];
+      acc.x = fmaf(wv, v.x, acc.x), acc.y = fmaf(wv, v.y, acc.y), acc.z = fmaf(wv, v.z, acc.z), acc.w = fmaf(wv, v.w, acc.w);
+    }
+    *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
+        make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
+  }
+}
+
+// The merge of the one-head kernels (v44): warp w merges columns w, w + 4 alone. Lane l holds
+// channels 4 l .. 4 l + 3 of the output and the (m, l) pairs of splits l, l + 32, .. (at most 128
+// splits: 4 a lane). The pairs and the first kMergeBatch splits' partials (DecodeTraits) are loaded
+// together, so the weights cost no round trip of their own, and the next partials kMergeBatch at
+// a time; the weights, exp2(m - max) / denominator (0 for a split with no token), pass through
+// shared memory to the lanes that sum, within the warp (no barrier). Batch 1 and 2 ran 2-5 %
+// faster than merge_weights_first from 4K to 32K on an H100 (v44; its loads come 8 at a time
+// with the remainder one by one, after a round trip for the weights and a barrier).
+template <class T>
+__device__ __forceinline__ void merge_batched(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
+                                              const WorkItem& w, int hq0) {
   const int S = p.num_splits;  // at most 8 columns x 128 splits (foscar_dispatch.h)
   float* wgt = &s.merge[0][0][0];  // [column][split]
   static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 columns x 128 splits");
@@ -1160,6 +1210,33 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
     }
     *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
         make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
+  }
+}
+
+// After every split of an item wrote its partials (o against its own maximum m, and l): the
+// last split of a (sequence, KV head) to arrive merges them all into the output and resets the
+// counter for the next launch.
+template <class T>
+__device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w) {
+  const int hq0 = w.h * p.ratio;
+  // The consumers' partials stores are ordered before thread 0's release by the barrier; its
+  // acquire, when it counts last, before their reads of the other splits' partials by the next.
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  if (L.tid == 0) {
+    timeline_stamp<T>(p, w, kTlWritten);
+    int* count = p.ws_count + (size_t)w.b * p.num_kv_heads + w.h;
+    const int done = atomic_add_acq_rel_gpu(count, 1);
+    s.last_split = done == p.num_splits - 1;
+    if (s.last_split) *count = 0;  // every split has counted: ready for the next launch
+    timeline_stamp<T>(p, w, kTlCounted);
+  }
+  named_barrier(kConsumerBarrier, kConsumerThreads);
+  if (!s.last_split) return;
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
+  if constexpr (T::HP == 2) {
+    merge_weights_first<T>(p, s, L, w, hq0);
+  } else {
+    merge_batched<T>(p, s, L, w, hq0);
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
