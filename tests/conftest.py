@@ -1,7 +1,14 @@
 """Shared test set-up: `gpu` tests skip cleanly without CUDA; `rng` gives each test its own seed."""
 from __future__ import annotations
 
+import os
 import zlib
+
+# numpy's OpenBLAS starts a thread per core and, beside torch's own pool, costs far more than it
+# saves on this suite's matrices: on a 2-core box a [4, 131072] @ [131072, 128] product took
+# 1.7-1.9 s with its 2 threads and 0.02 s with 1. The variable is read when numpy loads, so it is
+# set here, before anything imports numpy; subprocesses the tests start inherit it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest
 import torch
