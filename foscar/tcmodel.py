@@ -26,6 +26,7 @@ import numpy as np
 ROUNDINGS = ("rz", "rne")
 LEADS = ("operands", "product")
 _NONE = -(1 << 40)  # the leading exponent of a zero: below every real one
+_ZERO_LEAD32 = -(1 << 29)  # the same for int32 exponents; any sum of two stays inside int32
 
 
 @dataclass(frozen=True)
@@ -63,22 +64,61 @@ class MmaModel:
         sub = "" if self.subnormal_lead is None else f"-sub{self.subnormal_lead}"
         return f"e{self.extra_bits}-{self.lead}-{self.rounding}{sub}"
 
-    def dot(self, c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """c [...] plus sum_k a[..., k] b[..., k] as one MMA computes it (values, float64)."""
+    def dot(self, c: np.ndarray, a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+        """c [...] plus sum_k a[..., k] b[..., k] as one MMA computes it (values, float64).
+
+        `axis`: where k lies in a and b (c has no such axis), the last by default. A caller whose
+        broadcast a * b is long in some other axis puts k first there (precision._run_chains), so
+        that numpy's inner loops run over that axis, not over 16 elements; every output element
+        goes through the same operations either way (the cut addends are integers, so their sum
+        is exact in any order), so the values are the same."""
         c = np.asarray(c, dtype=np.float64)
         products = a * b  # exact: 8x8 or 11x11 significand bits fit a double
-        if self.lead == "operands":
-            la, lb = _lead(a), _lead(b)
-            if self.subnormal_lead is not None:
-                la, lb = np.maximum(la, self.subnormal_lead), np.maximum(lb, self.subnormal_lead)
-            lead_p = np.where(products != 0, la + lb, _NONE)
-        else:
-            lead_p = _lead(products)
-        e_max = np.maximum(lead_p.max(axis=-1), _lead(c))
+        lead_p = None
+        if self.lead == "operands" and products.dtype == np.float64:
+            lead_p = self._operand_leads(a, b, axis)
+        if lead_p is None:
+            lead_p = _max_lead(products, a, b, self, axis)
+        e_max = np.maximum(lead_p, _lead(c))
         e_max = np.where(e_max == _NONE, 0, e_max)
         quantum = np.ldexp(1.0, e_max - 23 - self.extra_bits)
-        cut = np.trunc(products / quantum[..., None]).sum(axis=-1) + np.trunc(c / quantum)
+        cut = np.trunc(products / np.expand_dims(quantum, axis)).sum(axis=axis) + np.trunc(c / quantum)
         return round_f32(cut * quantum, self.rounding)
+
+    def _operand_leads(self, a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray | None:
+        """lead="operands": the largest e_a + e_b over k of the nonzero products (_NONE where
+        there is none), summed from int32 exponents of a and b as they are, before they are
+        broadcast; a zero operand carries _ZERO_LEAD32, far enough below any real exponent that
+        every sum with it stays under _ZERO_LEAD32 / 2. That equals taking the products that are
+        not zero as long as no product of nonzero operands underflows to zero, which needs
+        exponents summing below -1074 (never so for bf16 or fp16 values) and no operand is
+        infinite or NaN (0 times it is no zero product); where that could happen, or where a or b
+        is all zeros, None (the caller masks the products themselves)."""
+        _, ea = np.frexp(a)
+        _, eb = np.frexp(b)
+        nz_a, nz_b = np.asarray(a) != 0, np.asarray(b) != 0
+        if not (nz_a.any() and nz_b.any() and np.isfinite(a).all() and np.isfinite(b).all()):
+            return None
+        la, lb = ea.astype(np.int32) - 1, eb.astype(np.int32) - 1
+        if int(la[nz_a].min()) + int(lb[nz_b].min()) < -1074:
+            return None
+        if self.subnormal_lead is not None:
+            la, lb = np.maximum(la, self.subnormal_lead), np.maximum(lb, self.subnormal_lead)
+        la = np.where(nz_a, la, _ZERO_LEAD32)
+        lb = np.where(nz_b, lb, _ZERO_LEAD32)
+        top = (la + lb).max(axis=axis)
+        return np.where(top < _ZERO_LEAD32 // 2, _NONE, top.astype(np.int64))
+
+
+def _max_lead(products: np.ndarray, a: np.ndarray, b: np.ndarray, model: MmaModel, axis: int) -> np.ndarray:
+    """The largest leading exponent over k of the nonzero products, as the model aligns them
+    (_NONE where every product is zero): MmaModel.dot's general path."""
+    if model.lead == "operands":
+        la, lb = _lead(a), _lead(b)
+        if model.subnormal_lead is not None:
+            la, lb = np.maximum(la, model.subnormal_lead), np.maximum(lb, model.subnormal_lead)
+        return np.where(products != 0, la + lb, _NONE).max(axis=axis)
+    return _lead(products).max(axis=axis)
 
 
 def _lead(x: np.ndarray) -> np.ndarray:

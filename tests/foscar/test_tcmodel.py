@@ -67,6 +67,31 @@ def test_small_addends_are_cut_at_the_alignment_of_the_largest():
     assert model.dot(np.array([0.0]), a, b)[0] == 16 * 2.0**-26
 
 
+@pytest.mark.parametrize("model", [m for m in tcmodel.candidates() if m.lead == "operands"], ids=lambda m: m.name)
+def test_operand_exponents_summed_before_broadcast_equal_masked_products(model, monkeypatch):
+    """MmaModel.dot sums a's and b's int32 exponents (zeros far below any real one) instead of
+    masking the broadcast products that are zero, and may take k off the last axis: the same
+    values as the masked products on the last axis, on operands with zeros, fp16 subnormals and
+    all-zero rows."""
+    rng = np.random.default_rng(7)
+    for dtype in ("bf16", "fp16"):
+        def operand(shape):
+            x = rng.standard_normal(shape) * 2.0 ** rng.integers(-30, 12, shape)
+            x[rng.random(shape) < 0.25] = 0.0
+            return tcmodel.operand_values(tcmodel.operand_bits(x, dtype), dtype)
+        a, b = operand((6, 9, 1, 16)), operand((6, 1, 5, 16))
+        a[:, 3] = 0.0
+        b[2] = 0.0
+        c = tcmodel.round_f32(rng.standard_normal((6, 9, 5)) * 2.0 ** rng.integers(-20, 20, (6, 9, 5)), "rne")
+        c[rng.random(c.shape) < 0.3] = 0.0
+        fast = model.dot(c, a, b)
+        k_first = model.dot(c, np.moveaxis(a, -1, 1), np.moveaxis(b, -1, 1), axis=1)
+        with monkeypatch.context() as m:
+            m.setattr(tcmodel.MmaModel, "_operand_leads", lambda *args: None)
+            masked = model.dot(c, a, b)
+        assert np.array_equal(fast, masked) and np.array_equal(k_first, masked), dtype
+
+
 def test_operand_bits_round_trip():
     values = np.array([1.0, -2.5, 128.0 + 7, 3e-5, 0.0])
     for dtype in ("bf16", "fp16"):
