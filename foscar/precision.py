@@ -185,45 +185,90 @@ V4 = VArithmetic("v4: bf16 128 + f c, flushed every 8 chunks per warp", centred=
                  radix=v4_radix)
 
 
-def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
-                 mma: tcmodel.MmaModel | None = None, seq: int = 0,
-                 kv_heads: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(modelled output, float64 reference) of one sequence, [kv_heads, ratio, head_dim] each.
+@dataclass(frozen=True)
+class HeadData:
+    """One KV head of a sequence as every arithmetic starts from it (float64 but the codes)."""
+
+    codes: np.ndarray  # uint8 [n, d], V's codes
+    scale: np.ndarray  # V's scales: [n] per token (token-wise, G = d) or [n / G, d] per group (channel-wise)
+    offset: np.ndarray  # V's offsets, as scale
+    p: np.ndarray  # [r, n], exp(score - the head's maximum) over the dequantized K
+    ref: np.ndarray  # [r, d], float64 attention over the dequantized cache
+
+
+@dataclass(frozen=True)
+class SequenceData:
+    """What model_output reads of one sequence of a cache, computed once by sequence_data so that
+    several arithmetics can be modelled on it (tests/foscar/test_precision.py models up to five
+    on one 128K-token sequence)."""
+
+    config: QuantConfig
+    head_dim: int
+    n: int  # packed tokens
+    heads: tuple[HeadData, ...]  # the KV heads modelled, in order
+
+
+def sequence_data(q: torch.Tensor, cache: QuantizedKVCache, seq: int = 0,
+                  kv_heads: list[int] | None = None) -> SequenceData:
+    """Sequence `seq` of the cache read back, its scores and reference (model_output's inputs).
 
     The cache must hold no BF16 tail for this sequence (a length that is a multiple of G)."""
     cfg, dim = cache.config, cache.head_dim
-    mma = mma or tcmodel.h200(arith.dtype)  # the H200's, by operand type
     view = logical_view(cache, seq)
     if view.k_tail.shape[0]:
         raise ValueError("model_output takes sequences without a BF16 tail (length a multiple of the group size).")
     n = view.v_codes.shape[0]
     heads = range(cache.num_kv_heads) if kv_heads is None else kv_heads
     ratio = q.shape[1] // cache.num_kv_heads
-    f_ch = arith.channel_radix(cfg.bits, dim) * arith.unit  # a code's worth in its operand
-    mid = (2**cfg.bits - 1) / 2
-    chains = arith.chains(n, cfg)
-    outs, refs = [], []
+    out = []
     for h in heads:
         k = _dequant(view.k_codes[:, h], view.k_params[:, h], cfg.k_mode, cfg.group_size)
-        codes = view.v_codes[:, h].numpy().astype(np.float64)  # [n, d]
+        codes = view.v_codes[:, h].numpy()  # [n, d] uint8
         s_v, z_v = _params(view.v_params[:, h], cfg.v_mode, cfg.group_size, n, dim)
         qh = q[seq, h * ratio : (h + 1) * ratio].double().numpy()  # [r, d]
         scores = qh @ k.T / math.sqrt(dim)  # [r, n]
         # Each query head against its own maximum, as the kernels' softmax keeps one per column
         # (a head whose scores sit below another's keeps its own p, not one flushed toward zero).
         p = np.exp(scores - scores.max(axis=1, keepdims=True))  # [r, n]
-        v = codes * s_v + z_v
+        v = codes.astype(np.float64) * s_v + z_v
         ref = (p @ v) / p.sum(axis=1, keepdims=True)
+        if cfg.v_mode == "token":  # one scale per token at G = head_dim (model_output refuses others)
+            scale, offset = s_v[:, 0].copy(), z_v[:, 0].copy()
+        else:  # s_v[t] = scale[t // G]
+            scale, offset = s_v[:: cfg.group_size].copy(), z_v[:: cfg.group_size].copy()
+        out.append(HeadData(codes=np.array(codes), scale=scale, offset=offset, p=p, ref=ref))
+    return SequenceData(config=cfg, head_dim=dim, n=n, heads=tuple(out))
+
+
+def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
+                 mma: tcmodel.MmaModel | None = None, seq: int = 0,
+                 kv_heads: list[int] | None = None, data: SequenceData | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(modelled output, float64 reference) of one sequence, [kv_heads, ratio, head_dim] each.
+
+    The cache must hold no BF16 tail for this sequence (a length that is a multiple of G).
+    `data`: sequence_data(q, cache, seq, kv_heads), when the caller has it already."""
+    if data is None:
+        data = sequence_data(q, cache, seq, kv_heads)
+    cfg, dim, n = data.config, data.head_dim, data.n
+    mma = mma or tcmodel.h200(arith.dtype)  # the H200's, by operand type
+    f_ch = arith.channel_radix(cfg.bits, dim) * arith.unit  # a code's worth in its operand
+    mid = (2**cfg.bits - 1) / 2
+    chains = arith.chains(n, cfg)
+    outs, refs = [], []
+    for head in data.heads:
+        codes = head.codes.astype(np.float64)  # [n, d]
+        p, ref = head.p, head.ref
         rnd = _bf16 if arith.dtype == "bf16" else _fp16
         bias = 0.0 if arith.centred else arith.bias
         # B operand per token: p~ = bf16(p s) (token-wise; one scale per token at G = head_dim)
         if cfg.v_mode == "token":
             if cfg.group_size != dim:
                 raise ValueError("the model folds token-wise V at group_size == head_dim only")
-            p_op = rnd(p * s_v[:, 0][None, :])  # [r, n]
+            s_tok, z_tok = head.scale, head.offset  # [n]
+            p_op = rnd(p * s_tok[None, :])  # [r, n]
             a_val = f_ch[None, :] * (codes - mid) if arith.centred else bias + f_ch[None, :] * codes
-            s_safe = np.where(s_v[:, 0] != 0, s_v[:, 0], 1.0)  # a constant group: codes 0, any scale
-            off = z_v[:, 0] / s_safe + (mid if arith.centred else 0.0)  # [n]
+            s_safe = np.where(s_tok != 0, s_tok, 1.0)  # a constant group: codes 0, any scale
+            off = z_tok / s_safe + (mid if arith.centred else 0.0)  # [n]
             if arith.bias_every:
                 # One accumulator per chain, the bias taken out every bias_every steps.
                 raw = _run_chains(mma, chains, a_val, p_op, bias_every=arith.bias_every, bias=bias)
@@ -243,7 +288,8 @@ def model_output(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic,
             cchains = arith.channel_chains(n, cfg) if arith.channel_chains else chains
             firsts, raws = _run_chains(mma, cchains, a_val, p_op, per_chain=True)  # [c], [c, d, r]
             psum = np.stack([p_op[:, c[c >= 0]].sum(axis=1) for c in chains_in_order(cchains, firsts)])  # [c, r]
-            s_g, z_g = s_v[firsts], z_v[firsts]  # [c, d]
+            groups = firsts // cfg.group_size
+            s_g, z_g = head.scale[groups], head.offset[groups]  # [c, d]
             centre = mid if arith.centred else 0.0
             o = np.einsum("cd,cdr->dr", s_g / f_ch[None, :], raws - bias * psum[:, None, :]) + \
                 np.einsum("cd,cr->dr", z_g + s_g * centre, psum)
@@ -258,10 +304,20 @@ def model_error(q: torch.Tensor, cache: QuantizedKVCache, arith: VArithmetic, **
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
+# Chains of one length run through _run_chains this many at a time: the model's temporaries
+# ([chains, 16, r, d] float64 and int32) stay about a megabyte, in cache. Whole groups of 16K
+# one-tile chains (256K tokens) made temporaries of over 500 MB each, and the time went to page
+# faults and memory traffic. Chains are independent, so the block size does not change a value
+# (tests/foscar/test_precision.py runs one case at a block of one chain and at the default).
+CHAIN_BLOCK_ELEMENTS = 1 << 17
+
+
 def _run_chains(mma: tcmodel.MmaModel, chains: list[np.ndarray], a_val: np.ndarray, p_op: np.ndarray,
-                per_chain: bool = False, bias_every: int | None = None, bias: float = 0.0):
+                per_chain: bool = False, bias_every: int | None = None, bias: float = 0.0,
+                block: int | None = None):
     """Every chain's accumulator, each MMA step through the model; chains of equal length run
-    together, vectorised. a_val [n, d] (A values per token and channel), p_op [r, n] (B values).
+    together, vectorised, `block` chains at a time (default: CHAIN_BLOCK_ELEMENTS products).
+    a_val [n, d] (A values per token and channel), p_op [r, n] (B values).
     With bias_every = k, a second accumulator sums bias * p~ through the model (A = bias) and is
     subtracted from the first (fp32, to nearest) every k steps and at the end.
 
@@ -270,23 +326,29 @@ def _run_chains(mma: tcmodel.MmaModel, chains: list[np.ndarray], a_val: np.ndarr
     dim, ratio = a_val.shape[1], p_op.shape[0]
     a_pad = np.concatenate([a_val, np.zeros((1, dim))])  # index -1: a zero token
     p_pad = np.concatenate([p_op, np.zeros((ratio, 1))], axis=1)
+    block = block or max(1, CHAIN_BLOCK_ELEMENTS // (TILE * dim * ratio))
     firsts, accs = [], []
     for idx in _by_length(chains):  # [chains, tiles, 16]
-        acc = np.zeros((idx.shape[0], dim, ratio))
-        bacc = np.zeros((idx.shape[0], 1, ratio))
-        a_bias = np.full((idx.shape[0], 1, 1, TILE), bias)
-        for t in range(idx.shape[1]):
-            tok = idx[:, t]  # [chains, 16]
-            a = a_pad[tok].transpose(0, 2, 1)[:, :, None, :]  # [chains, d, 1, 16]
-            b = p_pad[:, tok].transpose(1, 0, 2)[:, None, :, :]  # [chains, 1, r, 16]
-            acc = mma.dot(acc, a, b)
-            if bias_every:
-                bacc = mma.dot(bacc, a_bias, b)  # padding tokens carry p~ = 0
-                if (t + 1) % bias_every == 0 or t == idx.shape[1] - 1:
-                    acc = tcmodel.round_f32(acc - bacc, "rne")
-                    bacc = np.zeros_like(bacc)
+        group = np.empty((idx.shape[0], ratio, dim))
+        for c0 in range(0, idx.shape[0], block):
+            blk = idx[c0 : c0 + block]
+            # k (the 16 tokens of a step) on axis 1, d innermost: [chains, 16, r, d] products.
+            acc = np.zeros((blk.shape[0], ratio, dim))
+            bacc = np.zeros((blk.shape[0], ratio, 1))
+            a_bias = np.full((blk.shape[0], TILE, 1, 1), bias)
+            for t in range(blk.shape[1]):
+                tok = blk[:, t]  # [chains, 16]
+                a = a_pad[tok][:, :, None, :]  # [chains, 16, 1, d]
+                b = p_pad[:, tok].transpose(1, 2, 0)[:, :, :, None]  # [chains, 16, r, 1]
+                acc = mma.dot(acc, a, b, axis=1)
+                if bias_every:
+                    bacc = mma.dot(bacc, a_bias, b, axis=1)  # padding tokens carry p~ = 0
+                    if (t + 1) % bias_every == 0 or t == blk.shape[1] - 1:
+                        acc = tcmodel.round_f32(acc - bacc, "rne")
+                        bacc = np.zeros_like(bacc)
+            group[c0 : c0 + block] = acc
         firsts.append(idx[:, 0, 0])
-        accs.append(acc)
+        accs.append(np.ascontiguousarray(group.transpose(0, 2, 1)))  # [chains, d, r], as summed before
     if not per_chain:
         return sum(acc.sum(axis=0) for acc in accs)
     return np.concatenate(firsts), np.concatenate(accs)

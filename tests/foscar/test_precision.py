@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import foscar
 from foscar import kernels, precision, synthetic
@@ -46,8 +47,8 @@ def _h200(name: str) -> dict:
 @lru_cache(maxsize=None)
 def _inputs(batch: int, kv_len: int):
     """Sequence 0 of the H200 run's inputs (foscar.synthetic, seed 0), its first HEADS KV heads."""
-    inp = synthetic.make_inputs(batch, kv_len, seed=0)
-    return inp.q[:1, : 4 * HEADS].contiguous(), inp.k[:1, :, :HEADS].contiguous(), inp.v[:1, :, :HEADS].contiguous()
+    inp = synthetic.make_inputs(batch, kv_len, seed=0, keep_sequences=1, keep_kv_heads=HEADS)
+    return inp.q[:, : 4 * HEADS].contiguous(), inp.k, inp.v
 
 
 @lru_cache(maxsize=None)
@@ -55,6 +56,18 @@ def _cache(batch: int, kv_len: int, bits: int, v_mode: str):
     q, k, v = _inputs(batch, kv_len)
     cfg = QuantConfig(bits=bits, group_size=128, k_mode="channel", v_mode=v_mode, page_size=128)
     return q, foscar.quantize(k, v, [kv_len], cfg)
+
+
+@lru_cache(maxsize=None)
+def _data(batch: int, kv_len: int, bits: int, v_mode: str) -> precision.SequenceData:
+    """_cache's sequence read back with its scores and reference, once for every arithmetic modelled on it."""
+    return precision.sequence_data(*_cache(batch, kv_len, bits, v_mode))
+
+
+def _error(batch: int, kv_len: int, bits: int, v_mode: str, arith: precision.VArithmetic) -> float:
+    """precision.model_error of `arith` on _cache(batch, kv_len, bits, v_mode)."""
+    q, cache = _cache(batch, kv_len, bits, v_mode)
+    return precision.model_error(q, cache, arith, data=_data(batch, kv_len, bits, v_mode))
 
 
 V4_CELLS = [  # (batch, kv_len, bits, v_mode, file)
@@ -68,17 +81,16 @@ V4_CELLS = [  # (batch, kv_len, bits, v_mode, file)
 @pytest.mark.parametrize("cell", V4_CELLS, ids=lambda c: f"b{c[0]}-{c[1]}-int{c[2]}-v{c[3][0]}")
 def test_v4_arithmetic_fails_at_long_context_as_on_the_h200(cell):
     batch, kv_len, bits, v_mode, name = cell
-    q, cache = _cache(batch, kv_len, bits, v_mode)
     arith = precision.VArithmetic("v4", centred=False, chains=precision.v4_chains(batch=batch),
                                   radix=precision.v4_radix)
-    modelled = precision.model_error(q, cache, arith)
-    measured = _h200(name)[(cache.config.tag, kv_len)]
+    modelled = _error(batch, kv_len, bits, v_mode, arith)
+    measured = _h200(name)[(_cache(batch, kv_len, bits, v_mode)[1].config.tag, kv_len)]
     assert measured / 1.5 <= modelled <= measured * 1.5, f"model {modelled:.2e}, H200 {measured:.2e}"
 
 
 def _holds_at_long_context(arith: precision.VArithmetic, bits: int, v_mode: str) -> tuple[bool, str]:
-    short = precision.model_error(*_cache(1, 4096, bits, v_mode), arith)
-    long = precision.model_error(*_cache(1, 131072, bits, v_mode), arith)
+    short = _error(1, 4096, bits, v_mode, arith)
+    long = _error(1, 131072, bits, v_mode, arith)
     ok = long <= TOLERANCE and long <= 1.5 * short
     return ok, f"{arith.name}: {short:.2e} at 4K, {long:.2e} at 128K"
 
@@ -99,7 +111,7 @@ def test_the_model_rejects_chaining_the_per_warp_products_as_the_h200_did():
     # v7's first form (docs/PERFORMANCE.md): one accumulator per warp and split, the bias taken
     # out every 4 chunks, INT4 codes at f = 1 and 16. The H200 measured 9.6e-3 (INT4, b1 128K,
     # 49 splits of 42 chunks); the model gives 9.2e-3.
-    modelled = precision.model_error(*_cache(1, 131072, 4, "token"), precision.v7_chained(42, precision.v7_first_radix))
+    modelled = _error(1, 131072, 4, "token", precision.v7_chained(42, precision.v7_first_radix))
     assert 9.6e-3 / 1.5 <= modelled <= 9.6e-3 * 1.5, f"model {modelled:.2e}, H200 9.6e-3"
 
 
@@ -123,11 +135,10 @@ def test_the_fp32_fold_over_an_item_grows_as_on_the_h200():
     # The output keeps the bias (1024 / f times the sum of p~) until the item ends, and for random
     # data the output shrinks as 1/sqrt(tokens): its fp32 rounding grows with the item. Exact
     # folding (CURRENT) would show none of it.
-    q, cache = _cache(1, 131072, 2, "token")
     measured = _h200_splits()
     assert sorted(measured) == [32768, 65536, 131072] and measured[131072] > TOLERANCE
     for item, h200 in measured.items():
-        modelled = precision.model_error(q, cache, precision.v7_items(item))
+        modelled = _error(1, 131072, 2, "token", precision.v7_items(item))
         assert h200 / 1.5 <= modelled <= h200 * 1.5, f"items of {item} tokens: model {modelled:.2e}, H200 {h200:.2e}"
 
 
@@ -136,7 +147,7 @@ def test_the_planners_longest_split_holds_the_gate(bits):
     # The kernels' V operands carry no bias since v23, so the fp32 output holds the signal only
     # and is never flushed: an item of the planner's longest split, folded as the kernels fold it.
     item = kernels.MAX_ITEM_CHUNKS[bits] * kernels.CHUNK_TOKENS
-    modelled = precision.model_error(*_cache(1, max(item, 131072), bits, "token"), precision.v23_items(item))
+    modelled = _error(1, max(item, 131072), bits, "token", precision.v23_items(item))
     assert modelled <= 0.6 * TOLERANCE, f"splits of {item} tokens: model {modelled:.2e}"
 
 
@@ -144,10 +155,9 @@ def test_the_unbiased_operands_lose_less_than_the_biased_ones():
     # v23 (fp16 subnormals f c 2^-24) against v7 (fp16 1024 + f c at f >= 16), INT2 at 128K in one
     # item: without the bias the fold over the item holds the exact fold's error, where v7's
     # unflushed output measured 5.2e-3 on the H200 (lab_v14_splits.json).
-    q, cache = _cache(1, 131072, 2, "token")
-    exact = precision.model_error(q, cache, precision.V23)
-    unbiased = precision.model_error(q, cache, precision.v23_items(131072))
-    biased = precision.model_error(q, cache, precision.v7_items(131072))
+    exact = _error(1, 131072, 2, "token", precision.V23)
+    unbiased = _error(1, 131072, 2, "token", precision.v23_items(131072))
+    biased = _error(1, 131072, 2, "token", precision.v7_items(131072))
     assert unbiased <= 1.05 * exact and biased > TOLERANCE, f"v23 {unbiased:.2e} (exact fold {exact:.2e}), v7 {biased:.2e}"
 
 
@@ -157,8 +167,7 @@ def test_the_fold_flushed_every_32_trips_holds_any_item_as_on_the_h200():
     # exact folding. The model agrees, where without the flush it gives 4.65e-3.
     rows = json.loads((ROOT / "docs" / "data" / "lab_v15_call1.json").read_text())["runs"]["b8_128k_forced_splits"]["rows"]
     h200 = next(r["rel_error"] for r in rows if r["config"] == "2ct" and r["variant"] == "fl32/s1")
-    modelled = precision.model_error(*_cache(1, 131072, 2, "token"),
-                                     precision.v7_items(131072, precision.V_FLUSH_TRIPS))
+    modelled = _error(1, 131072, 2, "token", precision.v7_items(131072, precision.V_FLUSH_TRIPS))
     assert h200 / 1.5 <= modelled <= h200 * 1.5 and modelled <= 0.5 * TOLERANCE, f"model {modelled:.2e}, H200 {h200:.2e}"
 
 
@@ -171,9 +180,9 @@ def test_the_model_finds_int2_at_factor_1_losing_with_the_context():
                                operand="fp16-subnormal",
                                radix=precision.block_radix([1, 16, 1, 16], [64, 1, 256, 16]))  # commit 836ac4e
     h200 = _h200("acc_v23_f1_b1_h200.json")
-    short = precision.model_error(*_cache(1, 4096, 2, "token"), f1)
-    long = precision.model_error(*_cache(1, 262144, 2, "token"), f1)
-    kept = precision.model_error(*_cache(1, 262144, 2, "token"), precision.CURRENT)
+    short = _error(1, 4096, 2, "token", f1)
+    long = _error(1, 262144, 2, "token", f1)
+    kept = _error(1, 262144, 2, "token", precision.CURRENT)
     measured = h200[("int2-g128-kc-vt", 262144)]
     assert long > 1.08 * short and kept < 1.04 * short, f"f = 1: {short:.2e} -> {long:.2e}; v23 {kept:.2e}"
     assert measured / 1.5 <= long <= measured * 1.5, f"model {long:.2e}, H200 {measured:.2e}"
@@ -362,6 +371,34 @@ def test_the_int32_headroom_of_a_u8_run():
                 res = _pv(bits, v_mode, data)[form]
                 assert 0 < res.max_acc <= 255 * byte * res.longest_run and res.max_acc < 2**31
             assert _pv(bits, v_mode, data)["u8-chunk"].longest_run == 16
+
+
+@pytest.mark.parametrize("arith", [precision.CURRENT, precision.v7_chained(3)], ids=["v23", "v7-chained"])
+def test_chains_give_the_same_accumulators_in_any_block(arith):
+    # _run_chains runs chains CHAIN_BLOCK_ELEMENTS at a time; chains are independent, so one chain
+    # at a time (and all in one block) must give the same bits.
+    q, cache = _cache(1, 4096, 2, "token")
+    data = _data(1, 4096, 2, "token")
+    head, cfg = data.heads[0], data.config
+    f_ch = arith.channel_radix(cfg.bits, data.head_dim) * arith.unit
+    a_val = arith.bias + f_ch[None, :] * head.codes.astype(np.float64)
+    p_op = precision._fp16(head.p * head.scale[None, :])
+    chains = arith.chains(data.n, cfg)
+    mma = precision.tcmodel.h200("fp16")
+    kw = dict(bias_every=arith.bias_every, bias=arith.bias)
+    default = precision._run_chains(mma, chains, a_val, p_op, per_chain=True, **kw)
+    for block in (1, len(chains)):
+        other = precision._run_chains(mma, chains, a_val, p_op, per_chain=True, block=block, **kw)
+        assert np.array_equal(default[0], other[0]) and np.array_equal(default[1], other[1]), block
+
+
+def test_the_kept_heads_are_slices_of_the_whole_inputs():
+    # _inputs draws the H200 run's whole stream but keeps sequence 0's first HEADS KV heads.
+    for dist in synthetic.DISTRIBUTIONS:
+        whole = synthetic.make_inputs(3, 5000, seed=0, distribution=dist)
+        kept = synthetic.make_inputs(3, 5000, seed=0, distribution=dist, keep_sequences=1, keep_kv_heads=HEADS)
+        assert torch.equal(kept.q, whole.q[:1]) and kept.seq_lens == [5000]
+        assert torch.equal(kept.k, whole.k[:1, :, :HEADS]) and torch.equal(kept.v, whole.v[:1, :, :HEADS])
 
 
 def test_an_unknown_pv_operand_form_is_one_clear_error():
