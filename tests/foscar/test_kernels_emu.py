@@ -9,8 +9,10 @@ one, a failed build of the emulator fails every test here.
 from __future__ import annotations
 
 import ctypes
+import os
 import random
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -27,12 +29,42 @@ MODES = [("token", "token"), ("token", "channel"), ("channel", "token"), ("chann
 RNG = random.Random(0)
 
 
+# The lab's knob sets test_build_knobs_compute_the_same_function builds the emulator with.
+KNOBS = [
+    ("-DFOSCAR_STAGES_INT4=2", "-DFOSCAR_STAGES_INT2=2"),
+    ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6"),
+    ("-DFOSCAR_PAIR_HEADS=0",),  # one KV head per item at every ratio (the lab's baseline)
+    ("-DFOSCAR_PV_SPLIT=1",),  # a paired trip's V slices split 1 / 3 between its two S groups
+    # 2 CTAs per SM with an 8-stage paired ring
+    ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_PAIR_STAGES_INT4=8", "-DFOSCAR_PAIR_STAGES_INT2=8"),
+    # 4 CTAs per SM with 4 paired INT4 stages: the kernels whose shared memory holds fewer keep 3
+    ("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4"),
+]
+# Every build this file loads but the default (the last knob set is also the one
+# test_ctas_per_sm_are_the_knobs_where_the_kernel_fits reads).
+LAB_BUILDS = [*KNOBS, ("-DFOSCAR_TIMELINE=1",)]
+
+
+def _build_quietly(defines):
+    try:
+        emu.build(defines)
+    except BuildError:
+        pass  # the test that loads this build reports it
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _emulator():
     try:
         emu.find_cxx()
     except BuildError as exc:
         pytest.skip(f"no host C++ compiler to build the emulator: {exc}")
+    # After a kernel change every build here is compiled anew (g++ -O1, about 40 s each on the CI
+    # box, one process each): the knob builds go up front, one per core at a time, instead of
+    # one after another as the tests reach them. A failed knob build fails its own test.
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        default = pool.submit(emu.build)
+        list(pool.map(_build_quietly, LAB_BUILDS))
+    default.result()
     emu.load()  # anything else that stops the build is a failure, not a skip
 
 
@@ -219,16 +251,7 @@ def test_constant_groups_fold_to_their_offset(k_mode, v_mode):
     assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
 
 
-@pytest.mark.parametrize("knobs", [
-    ("-DFOSCAR_STAGES_INT4=2", "-DFOSCAR_STAGES_INT2=2"),
-    ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6"),
-    ("-DFOSCAR_PAIR_HEADS=0",),  # one KV head per item at every ratio (the lab's baseline)
-    ("-DFOSCAR_PV_SPLIT=1",),  # a paired trip's V slices split 1 / 3 between its two S groups
-    # 2 CTAs per SM with an 8-stage paired ring
-    ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_PAIR_STAGES_INT4=8", "-DFOSCAR_PAIR_STAGES_INT2=8"),
-    # 4 CTAs per SM with 4 paired INT4 stages: the kernels whose shared memory holds fewer keep 3
-    ("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4"),
-])
+@pytest.mark.parametrize("knobs", KNOBS)
 def test_build_knobs_compute_the_same_function(knobs):
     # The lab's variants (ring depth: a ring of 2 stages makes the producer wait on every chunk;
     # CTAs per SM change the plan and the register split) must compute the same function, on
