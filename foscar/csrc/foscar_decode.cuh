@@ -1080,6 +1080,27 @@ struct SStream {
   }
 };
 
+// One column's weights from its splits' (m, l) pairs, lane l holding those of splits l, l + 32, ..
+// in v: wc[i] = exp2(m - max) / denominator for split i < n (0 for a split with no token).
+__device__ __forceinline__ void weigh_splits(const float2 (&v)[4], const Lane& L, float* wc, int n) {
+  float mx = kNegInf;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) mx = fmaxf(mx, v[k].x);
+  mx = reduce_lanes<32, true>(mx);
+  float e[4], den = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    e[k] = v[k].x == kNegInf ? 0.f : exp2f(v[k].x - mx);  // a split with no tokens weighs 0
+    den = fmaf(e[k], v[k].y, den);
+  }
+  den = reduce_lanes<32, false>(den);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int i = L.lane + 32 * k;
+    if (i < n) wc[i] = e[k] / den;
+  }
+}
+
 // The merge's weights: wgt[hd n + i] = exp2(m - max) / denominator of column hd's partial i (0 for
 // a partial with no token), where row(hd, i) is that partial's row of (m, l) pairs in p.ws_ml.
 // Lane l of warp w holds the pairs of splits l, l + 32, .. of columns w, w + 4 (at most 128
@@ -1091,26 +1112,12 @@ __device__ __forceinline__ void merge_weights(const DecodeParams& p, const Lane&
   const float2* ml = reinterpret_cast<const float2*>(p.ws_ml);
   for (int hd = L.warp; hd < p.cols; hd += 4) {
     float2 v[4];
-    float mx = kNegInf;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int i = L.lane + 32 * k;
       v[k] = i < n ? __ldcg(ml + row(hd, i)) : make_float2(kNegInf, 0.f);
-      mx = fmaxf(mx, v[k].x);
     }
-    mx = reduce_lanes<32, true>(mx);
-    float e[4], den = 0.f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      e[k] = v[k].x == kNegInf ? 0.f : exp2f(v[k].x - mx);  // a split with no tokens weighs 0
-      den = fmaf(e[k], v[k].y, den);
-    }
-    den = reduce_lanes<32, false>(den);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int i = L.lane + 32 * k;
-      if (i < n) wgt[hd * n + i] = e[k] / den;
-    }
+    weigh_splits(v, L, wgt + hd * n, n);
   }
 }
 
@@ -1176,23 +1183,8 @@ __device__ __forceinline__ void merge_batched(const DecodeParams& p, SharedStora
     float4 o[T::kMergeBatch];
 #pragma unroll
     for (int k = 0; k < T::kMergeBatch; ++k) o[k] = k < S ? __ldcg(src + k * (kD / 4)) : zero;
-    float mx = kNegInf;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) mx = fmaxf(mx, v[k].x);
-    mx = reduce_lanes<32, true>(mx);
-    float e[4], den = 0.f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      e[k] = v[k].x == kNegInf ? 0.f : exp2f(v[k].x - mx);  // a split with no tokens weighs 0
-      den = fmaf(e[k], v[k].y, den);
-    }
-    den = reduce_lanes<32, false>(den);
     float* wc = wgt + hd * S;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int i = L.lane + 32 * k;
-      if (i < S) wc[i] = e[k] / den;
-    }
+    weigh_splits(v, L, wc, S);
     __syncwarp();
     if (L.tid == 0 && hd == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
     float4 acc = zero;
