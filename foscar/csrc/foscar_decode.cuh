@@ -1129,13 +1129,11 @@ __device__ __forceinline__ void merge_weights(const DecodeParams& p, const Lane&
 // cost ~35 us at batch 1 and 128K, where the last CTA of a KV head merges 49 splits while the rest
 // of the GPU waits.) The paired kernels keep it: merge_batched's code moved ptxas's schedule of
 // INT2's paired trip loop, 0.8 % slower at batch 128 on an H100 (v44).
+// (Both: S splits of column hd's partials at rows row0 + hd S .. of p.ws_o and p.ws_ml, the
+// weights in wgt[hd S + split], the output's columns from query head hq0.)
 template <class T>
-__device__ __forceinline__ void merge_weights_first(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
-                                                    const WorkItem& w, int hq0) {
-  const int S = p.num_splits;  // at most 8 columns x 128 splits (foscar_dispatch.h)
-  float* wgt = &s.merge[0][0][0];  // [column][split]
-  static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 columns x 128 splits");
-  const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // column hd, split sp: row0 + hd S + sp
+__device__ __forceinline__ void merge_weights_first(const DecodeParams& p, const Lane& L, const WorkItem& w, int hq0,
+                                                    int S, size_t row0, float* wgt) {
   merge_weights(p, L, wgt, S, [&](int hd, int sp) { return row0 + hd * S + sp; });
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
@@ -1159,16 +1157,13 @@ __device__ __forceinline__ void merge_weights_first(const DecodeParams& p, Share
 // splits: 4 a lane). The pairs and the first kMergeBatch splits' partials (DecodeTraits) are loaded
 // together, so the weights cost no round trip of their own, and the next partials kMergeBatch at
 // a time; the weights, exp2(m - max) / denominator (0 for a split with no token), pass through
-// shared memory to the lanes that sum, within the warp (no barrier). Batch 1 and 2 ran 2-5 %
-// faster than merge_weights_first from 4K to 32K on an H100 (v44; its loads come 8 at a time
-// with the remainder one by one, after a round trip for the weights and a barrier).
+// shared memory to the lanes that sum, within the warp (no barrier). Batch 1 and 2 ran 2-5.5 %
+// faster than merge_weights_first from 4K to 16K on an H100, 0.6-2 % at 32K, level at 128K (v44;
+// its loads come 8 at a time with the remainder one by one, after a round trip for the weights
+// and a barrier).
 template <class T>
-__device__ __forceinline__ void merge_batched(const DecodeParams& p, SharedStorage<T>& s, const Lane& L,
-                                              const WorkItem& w, int hq0) {
-  const int S = p.num_splits;  // at most 8 columns x 128 splits (foscar_dispatch.h)
-  float* wgt = &s.merge[0][0][0];  // [column][split]
-  static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 columns x 128 splits");
-  const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // column hd, split sp: row0 + hd S + sp
+__device__ __forceinline__ void merge_batched(const DecodeParams& p, const Lane& L, const WorkItem& w, int hq0,
+                                              int S, size_t row0, float* wgt) {
   const float2* ml = reinterpret_cast<const float2*>(p.ws_ml);
   const int ch = 4 * L.lane;
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -1225,10 +1220,14 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   named_barrier(kConsumerBarrier, kConsumerThreads);
   if (!s.last_split) return;
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
+  const int S = p.num_splits;  // at most 8 columns x 128 splits (foscar_dispatch.h)
+  float* wgt = &s.merge[0][0][0];  // [column][split]
+  static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 columns x 128 splits");
+  const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // column hd, split sp: row0 + hd S + sp
   if constexpr (T::HP == 2) {
-    merge_weights_first<T>(p, s, L, w, hq0);
+    merge_weights_first<T>(p, L, w, hq0, S, row0, wgt);
   } else {
-    merge_batched<T>(p, s, L, w, hq0);
+    merge_batched<T>(p, L, w, hq0, S, row0, wgt);
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
