@@ -78,7 +78,7 @@ class MmaModel:
         if self.lead == "operands" and products.dtype == np.float64:
             lead_p = self._operand_leads(a, b, axis)
         if lead_p is None:
-            lead_p = _max_lead(products, a, b, self, axis)
+            lead_p = self._max_lead(products, a, b, axis)
         e_max = np.maximum(lead_p, _lead(c))
         e_max = np.where(e_max == _NONE, 0, e_max)
         quantum = np.ldexp(1.0, e_max - 23 - self.extra_bits)
@@ -94,31 +94,28 @@ class MmaModel:
         exponents summing below -1074 (never so for bf16 or fp16 values) and no operand is
         infinite or NaN (0 times it is no zero product); where that could happen, or where a or b
         is all zeros, None (the caller masks the products themselves)."""
-        _, ea = np.frexp(a)
-        _, eb = np.frexp(b)
         nz_a, nz_b = np.asarray(a) != 0, np.asarray(b) != 0
         if not (nz_a.any() and nz_b.any() and np.isfinite(a).all() and np.isfinite(b).all()):
             return None
-        la, lb = ea.astype(np.int32) - 1, eb.astype(np.int32) - 1
+        la, lb = _lead(a), _lead(b)
         if int(la[nz_a].min()) + int(lb[nz_b].min()) < -1074:
             return None
-        if self.subnormal_lead is not None:
-            la, lb = np.maximum(la, self.subnormal_lead), np.maximum(lb, self.subnormal_lead)
-        la = np.where(nz_a, la, _ZERO_LEAD32)
-        lb = np.where(nz_b, lb, _ZERO_LEAD32)
+        la = np.where(nz_a, self._aligned(la), _ZERO_LEAD32).astype(np.int32)
+        lb = np.where(nz_b, self._aligned(lb), _ZERO_LEAD32).astype(np.int32)
         top = (la + lb).max(axis=axis)
         return np.where(top < _ZERO_LEAD32 // 2, _NONE, top.astype(np.int64))
 
+    def _aligned(self, lead: np.ndarray) -> np.ndarray:
+        """An operand's leading exponent as the Tensor Core aligns it: at least subnormal_lead."""
+        return lead if self.subnormal_lead is None else np.maximum(lead, self.subnormal_lead)
 
-def _max_lead(products: np.ndarray, a: np.ndarray, b: np.ndarray, model: MmaModel, axis: int) -> np.ndarray:
-    """The largest leading exponent over k of the nonzero products, as the model aligns them
-    (_NONE where every product is zero): MmaModel.dot's general path."""
-    if model.lead == "operands":
-        la, lb = _lead(a), _lead(b)
-        if model.subnormal_lead is not None:
-            la, lb = np.maximum(la, model.subnormal_lead), np.maximum(lb, model.subnormal_lead)
-        return np.where(products != 0, la + lb, _NONE).max(axis=axis)
-    return _lead(products).max(axis=axis)
+    def _max_lead(self, products: np.ndarray, a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
+        """The largest leading exponent over k of the nonzero products, as the model aligns them
+        (_NONE where every product is zero): dot's general path."""
+        if self.lead == "operands":
+            return np.where(products != 0, self._aligned(_lead(a)) + self._aligned(_lead(b)), _NONE).max(axis=axis)
+        return _lead(products).max(axis=axis)
+
 
 
 def _lead(x: np.ndarray) -> np.ndarray:
