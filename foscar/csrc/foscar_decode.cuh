@@ -292,11 +292,11 @@ struct DecodeTraits : DecodeShape<BITS_, G_, KCH_, VCH_, DEQ_, HP_> {
   static constexpr int kEntryRegs = (65536 / (Shape::kThreads * kCtasPerSm)) / 8 * 8;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = (2 * kEntryRegs - kProducerRegs) / 8 * 8;
-  // How many splits' partials a merging thread of a one-head kernel loads at once (merge_batched;
-  // a float4 each): the merge is a chain of round trips to L2, ceil(splits / kMergeBatch) of them.
-  // As many as the consumers' registers hold with no more spilled into the trip loop (ptxas, v44):
-  // 16 at three CTAs an SM, 12 at four, 8 at G = 32.
-  static constexpr int kMergeBatch = G_ < 64 ? 8 : kCtasPerSm < 4 ? 16 : 12;
+  // How many splits' partials a merging thread loads at once (merge_batched; a float4 each): the
+  // merge is a chain of round trips to L2, ceil(splits / kMergeBatch) of them. As many as the
+  // consumers' registers hold with no more spilled into the trip loop (ptxas, v44): 16 at three
+  // CTAs an SM, 12 in the one-head kernels at four, 8 in the paired ones at four and at G = 32.
+  static constexpr int kMergeBatch = G_ < 64 ? 8 : kCtasPerSm < 4 ? 16 : HP_ == 1 ? 12 : 8;
 };
 
 template <int BITS, int G, bool KCH, bool VCH, bool DEQ, int HP, int CTAS = 0>
@@ -1127,8 +1127,8 @@ __device__ __forceinline__ void merge_weights(const DecodeParams& p, const Lane&
 // 5.0 us as 4-byte loads (scripts/probe_merge_read.cu), and batch 1 ran 2.5-10 % faster
 // (docs/PERFORMANCE.md, v22). (Each thread reading every (m, l) itself, with the loads in a chain,
 // cost ~35 us at batch 1 and 128K, where the last CTA of a KV head merges 49 splits while the rest
-// of the GPU waits.) The paired kernels keep it: merge_batched's code moved ptxas's schedule of
-// INT2's paired trip loop, 0.8 % slower at batch 128 on an H100 (v44).
+// of the GPU waits.) INT2's paired kernels keep it: merge_batched's code moved ptxas's schedule
+// of their trip loop, 0.8 % slower at batch 128 on an H100 (v44).
 // (Both: S splits of column hd's partials at rows row0 + hd S .. of p.ws_o and p.ws_ml, the
 // weights in wgt[hd S + split], the output's columns from query head hq0.)
 template <class T>
@@ -1152,15 +1152,16 @@ __device__ __forceinline__ void merge_weights_first(const DecodeParams& p, const
   }
 }
 
-// The merge of the one-head kernels (v44): warp w merges columns w, w + 4 alone. Lane l holds
-// channels 4 l .. 4 l + 3 of the output and the (m, l) pairs of splits l, l + 32, .. (at most 128
-// splits: 4 a lane). The pairs and the first kMergeBatch splits' partials (DecodeTraits) are loaded
-// together, so the weights cost no round trip of their own, and the next partials kMergeBatch at
-// a time; the weights, exp2(m - max) / denominator (0 for a split with no token), pass through
-// shared memory to the lanes that sum, within the warp (no barrier). Batch 1 and 2 ran 2-5.5 %
-// faster than merge_weights_first from 4K to 16K on an H100, 0.6-2 % at 32K, level at 128K (v44;
-// its loads come 8 at a time with the remainder one by one, after a round trip for the weights
-// and a barrier).
+// The merge of the one-head kernels (v44) and of INT4's paired ones (v45): warp w merges columns
+// w, w + 4 alone. Lane l holds channels 4 l .. 4 l + 3 of the output and the (m, l) pairs of
+// splits l, l + 32, .. (at most 128 splits: 4 a lane). The pairs and the first kMergeBatch splits'
+// partials (DecodeTraits) are loaded together, so the weights cost no round trip of their own, and
+// the next partials kMergeBatch at a time; the weights, exp2(m - max) / denominator (0 for a split
+// with no token), pass through shared memory to the lanes that sum, within the warp (no barrier).
+// Against merge_weights_first (its loads 8 at a time with the remainder one by one, after a round
+// trip for the weights and a barrier), on an H100: batch 1 and 2 ran 2-5.5 % faster from 4K to
+// 16K, 0.6-2 % at 32K, level at 128K (v44); INT4's paired kernels 2.6-5.6 % faster at batch 8 and
+// 32 and 4K, level at batch 128 and 32K (v45).
 template <class T>
 __device__ __forceinline__ void merge_batched(const DecodeParams& p, const Lane& L, const WorkItem& w, int hq0,
                                               int S, size_t row0, float* wgt) {
@@ -1224,7 +1225,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   float* wgt = &s.merge[0][0][0];  // [column][split]
   static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 columns x 128 splits");
   const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // column hd, split sp: row0 + hd S + sp
-  if constexpr (T::HP == 2) {
+  if constexpr (T::HP == 2 && T::BITS == 2) {  // v43's merge (merge_weights_first)
     merge_weights_first<T>(p, L, w, hq0, S, row0, wgt);
   } else {
     merge_batched<T>(p, L, w, hq0, S, row0, wgt);
