@@ -76,7 +76,7 @@ enum TimelinePhase : int {
   kTlWritten,    // the split's partials written, before the merge counter's atomic (the output, with one split)
   kTlCounted,    // the merge counter's atomic returned (every split's CTA)
   kTlMergeFenced,    // the merge: past the barrier after the count, before the (m, l) loads (the CTA whose split arrived last only)
-  kTlMergeWeighted,  // the merge: the splits' weights in shared memory (one-head kernels: column 0's, its first partials loaded) (the same)
+  kTlMergeWeighted,  // the merge: column 0 weighed by warp 0, its first partials loaded with the (m, l) (the same)
   kTlMerged,     // the merge of every split written (the CTA whose split arrived last only)
   kTlQuarter1,   // the consumers begin the item's trip n / 4 (n its trips): its progress, with
   kTlHalf,       // trip n / 2
@@ -1101,67 +1101,23 @@ __device__ __forceinline__ void weigh_splits(const float2 (&v)[4], const Lane& L
   }
 }
 
-// The merge's weights: wgt[hd n + i] = exp2(m - max) / denominator of column hd's partial i (0 for
-// a partial with no token), where row(hd, i) is that partial's row of (m, l) pairs in p.ws_ml.
-// Lane l of warp w holds the pairs of splits l, l + 32, .. of columns w, w + 4 (at most 128
-// splits: 4 a lane), read as one float2 each, so the weights take one round trip to L2 and no
-// barrier (v38: batch 1 3-6 % faster from 4K to 32K than the m through shared memory first and
-// the l after; v39: the paired kernels too, batch 8 2-5 % faster).
-template <class Row>
-__device__ __forceinline__ void merge_weights(const DecodeParams& p, const Lane& L, float* wgt, int n, Row&& row) {
-  const float2* ml = reinterpret_cast<const float2*>(p.ws_ml);
-  for (int hd = L.warp; hd < p.cols; hd += 4) {
-    float2 v[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int i = L.lane + 32 * k;
-      v[k] = i < n ? __ldcg(ml + row(hd, i)) : make_float2(kNegInf, 0.f);
-    }
-    weigh_splits(v, L, wgt + hd * n, n);
-  }
-}
-
-// The merge of the paired kernels (v38-v43): every warp weighs its columns (merge_weights), a
-// barrier, then warp w sums columns w, w + 4 over the splits, lane l channels 4 l .. 4 l + 3, as
-// float4 with independent loads, 8 at a time: one SM reads 64 KB of partials in 2.1 us so, in
-// 5.0 us as 4-byte loads (scripts/probe_merge_read.cu), and batch 1 ran 2.5-10 % faster
-// (docs/PERFORMANCE.md, v22). (Each thread reading every (m, l) itself, with the loads in a chain,
-// cost ~35 us at batch 1 and 128K, where the last CTA of a KV head merges 49 splits while the rest
-// of the GPU waits.) INT2's paired kernels keep it: merge_batched's code moved ptxas's schedule
-// of their trip loop, 0.8 % slower at batch 128 on an H100 (v44).
-// (Both: S splits of column hd's partials at rows row0 + hd S .. of p.ws_o and p.ws_ml, the
-// weights in wgt[hd S + split], the output's columns from query head hq0.)
-template <class T>
-__device__ __forceinline__ void merge_weights_first(const DecodeParams& p, const Lane& L, const WorkItem& w, int hq0,
-                                                    int S, size_t row0, float* wgt) {
-  merge_weights(p, L, wgt, S, [&](int hd, int sp) { return row0 + hd * S + sp; });
-  named_barrier(kConsumerBarrier, kConsumerThreads);
-  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
-  const int ch = 4 * L.lane;
-  for (int hd = L.warp; hd < p.cols; hd += 4) {
-    const float4* src = reinterpret_cast<const float4*>(p.ws_o + (row0 + (size_t)hd * S) * kD + ch);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-    for (int sp = 0; sp < S; ++sp) {
-      const float4 v = __ldcg(src + (size_t)sp * (kD / 4));
-      const float wv = wgt[hd * S + sp];
-      acc.x = fmaf(wv, v.x, acc.x), acc.y = fmaf(wv, v.y, acc.y), acc.z = fmaf(wv, v.z, acc.z), acc.w = fmaf(wv, v.w, acc.w);
-    }
-    *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
-        make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
-  }
-}
-
-// The merge of the one-head kernels (v44) and of INT4's paired ones (v45): warp w merges columns
-// w, w + 4 alone. Lane l holds channels 4 l .. 4 l + 3 of the output and the (m, l) pairs of
-// splits l, l + 32, .. (at most 128 splits: 4 a lane). The pairs and the first kMergeBatch splits'
-// partials (DecodeTraits) are loaded together, so the weights cost no round trip of their own, and
-// the next partials kMergeBatch at a time; the weights, exp2(m - max) / denominator (0 for a split
-// with no token), pass through shared memory to the lanes that sum, within the warp (no barrier).
-// Against merge_weights_first (its loads 8 at a time with the remainder one by one, after a round
-// trip for the weights and a barrier), on an H100: batch 1 and 2 ran 2-5.5 % faster from 4K to
-// 16K, 0.6-2 % at 32K, level at 128K (v44); INT4's paired kernels 2.6-5.6 % faster at batch 8 and
-// 32 and 4K, level at batch 128 and 32K (v45).
+// The merge of every split of a (sequence, KV head) by the CTA of the last to arrive: warp w
+// merges columns w, w + 4 alone, lane l channels 4 l .. 4 l + 3 of the output (S splits of column
+// hd's partials at rows row0 + hd S .. of p.ws_o and p.ws_ml, the output's columns from query head
+// hq0, wgt[hd S + split] the weights' shared-memory buffer). Its time is its count of dependent
+// round trips to L2, while at batch 1 the rest of the GPU waits for it:
+// - lane l holds the (m, l) pairs of splits l, l + 32, .. (at most 128 splits: 4 a lane) as one
+//   float2 each, loaded with the first kMergeBatch splits' partials (DecodeTraits), so the weights,
+//   exp2(m - max) / denominator (0 for a split with no token), cost no round trip of their own;
+//   they pass through shared memory to the lanes that sum, within the warp (no CTA barrier);
+// - the partials are float4 with independent loads (one SM reads 64 KB of them in 2.1 us so, in
+//   5.0 us as 4-byte loads: scripts/probe_merge_read.cu; v22, batch 1 2.5-10 % faster), the rest
+//   kMergeBatch at a time with predicated loads, no serial remainder.
+// Before (v38-v43): a round trip for the weights and a CTA barrier, then the partials 8 at a time
+// with the remainder one by one. Against that, on an H100: batch 1 and 2 2-5.5 % faster from 4K to
+// 16K, 0.6-2 % at 32K, level at 128K (v44, the one-head kernels); INT4's paired kernels 2.6-5.6 %
+// at batch 8 and 32 and 4K (v45); INT2's paired ones 2.6 % at batch 32 / 4K, level elsewhere, the
+// paper point within the noise of one library timed twice (v46; docs/PERFORMANCE.md).
 template <class T>
 __device__ __forceinline__ void merge_batched(const DecodeParams& p, const Lane& L, const WorkItem& w, int hq0,
                                               int S, size_t row0, float* wgt) {
@@ -1225,11 +1181,7 @@ __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const L
   float* wgt = &s.merge[0][0][0];  // [column][split]
   static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 columns x 128 splits");
   const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // column hd, split sp: row0 + hd S + sp
-  if constexpr (T::HP == 2 && T::BITS == 2) {  // v43's merge (merge_weights_first)
-    merge_weights_first<T>(p, L, w, hq0, S, row0, wgt);
-  } else {
-    merge_batched<T>(p, L, w, hq0, S, row0, wgt);
-  }
+  merge_batched<T>(p, L, w, hq0, S, row0, wgt);
   named_barrier(kConsumerBarrier, kConsumerThreads);  // s.last_split is read out
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
 }
