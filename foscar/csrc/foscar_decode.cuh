@@ -1115,9 +1115,9 @@ __device__ __forceinline__ void weigh_splits(const float2 (&v)[4], const Lane& L
 //   kMergeBatch at a time with predicated loads, no serial remainder.
 // Before (v38-v43): a round trip for the weights and a CTA barrier, then the partials 8 at a time
 // with the remainder one by one. Against that, on an H100: batch 1 and 2 2-5.5 % faster from 4K to
-// 16K, 0.6-2 % at 32K, level at 128K (v44, the one-head kernels); INT4's paired kernels 2.6-5.6 %
-// at batch 8 and 32 and 4K (v45); INT2's paired ones 2.6 % at batch 32 / 4K, level elsewhere, the
-// paper point within the noise of one library timed twice (v46; docs/PERFORMANCE.md).
+// 16K, 0.6-2 % at 32K, level at 128K, batch 8 / 4K 5.6 % (v44, the one-head kernels); the paired
+// kernels 2.6 % at batch 32 / 4K and level from 32K, the paper point within the noise of one
+// library timed twice (v45 INT4, v46 INT2; docs/PERFORMANCE.md).
 template <class T>
 __device__ __forceinline__ void merge_batched(const DecodeParams& p, const Lane& L, const WorkItem& w, int hq0,
                                               int S, size_t row0, float* wgt) {
