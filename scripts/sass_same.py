@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from foscar.build import cache_dir  # noqa: E402  (FOSCAR_CACHE_DIR, else ~/.cache/foscar)
 from suite.alu import sass  # noqa: E402
 
 _REG = re.compile(r"\b(U?R|U?P)(\d+)\b")  # R12, UR4, P0, UP1 (RZ, PT, URZ, UPT have no digits)
@@ -35,7 +36,7 @@ def resolve(arg: str) -> Path:
     """A library path as given, or the libfoscar.so of cache key `arg`."""
     if os.path.exists(arg):
         return Path(arg)
-    root = Path(os.environ.get("FOSCAR_CACHE_DIR") or Path.home() / ".cache" / "foscar")
+    root = cache_dir()
     hits = sorted(root.glob(f"*-{arg}/libfoscar.so"))
     if not hits:
         raise SystemExit(f"sass_same.py: {arg!r} is neither a file nor a build key under {root}; "
