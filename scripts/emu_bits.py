@@ -6,6 +6,7 @@ which the tests' float64 gate (4e-3) cannot tell.
     PYTHONPATH=<old tree> python3 scripts/emu_bits.py run /tmp/old.pt
     PYTHONPATH=<new tree> python3 scripts/emu_bits.py run /tmp/new.pt
     python3 scripts/emu_bits.py compare /tmp/old.pt /tmp/new.pt
+    python3 scripts/emu_bits.py run /tmp/knob.pt --define=-DFOSCAR_FINISH_TOTALS=1   # a lab knob
 
 `run` takes the emulator of whichever foscar it imports (its csrc), so each tree runs its own
 kernels. The cases: both widths, groups of 32, 64 and 128, the V modes with K channel-wise (or
@@ -34,8 +35,9 @@ def cases(all_modes: bool = False, bits=(4, 2), groups=(32, 64, 128), sms=(132, 
             itertools.product(bits, groups, k_modes, ("token", "channel"), (1, 2), (1, 3), sms)]
 
 
-def run(case_list: list[Case]) -> dict[Case, torch.Tensor]:
-    """Each case's output, from shapes and data drawn from the case alone (the same in any tree)."""
+def run(case_list: list[Case], defines: tuple[str, ...] = ()) -> dict[Case, torch.Tensor]:
+    """Each case's output, from shapes and data drawn from the case alone (the same in any tree),
+    the emulator built with the kernel knobs `defines`."""
     from foscar import emu
     from foscar.testcases import case_inputs, gpu_case
 
@@ -45,7 +47,7 @@ def run(case_list: list[Case]) -> dict[Case, torch.Tensor]:
         nkv = max(nkv, 2)  # a paired item needs two KV heads
         q, cache = case_inputs(config, lens, nkv, ratio, 100 + g + b)
         out[(b, g, km, vm, hpi, splits, n)] = emu.decode(q, cache, num_splits=splits, kv_heads_per_item=hpi,
-                                                         num_sms=n).clone()
+                                                         num_sms=n, defines=defines).clone()
         print(b, g, km, vm, hpi, splits, n, lens, flush=True)
     return out
 
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run the cases through this tree's emulator; save the outputs")
     r.add_argument("out", type=Path)
     r.add_argument("--all-modes", action="store_true", help="K token-wise too (default: K channel-wise)")
+    r.add_argument("--define", action="append", default=[], metavar="-DFOSCAR_NAME=VALUE",
+                   help="a kernel knob for the emulator's build (repeatable)")
     c = sub.add_parser("compare", help="compare two runs bit for bit")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
@@ -69,7 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         import foscar
         print(f"the kernels of {Path(foscar.__file__).resolve().parent / 'csrc'}", flush=True)
-        torch.save(run(cases(args.all_modes)), args.out)
+        from foscar.build import BuildError, check_defines
+        try:
+            defines = tuple(check_defines(args.define))
+        except BuildError as e:
+            ap.error(str(e))
+        torch.save(run(cases(args.all_modes), defines), args.out)
         return 0
     for path in (args.a, args.b):
         if not path.exists():
