@@ -6,7 +6,7 @@ which the tests' float64 gate (4e-3) cannot tell.
     PYTHONPATH=<old tree> python3 scripts/emu_bits.py run /tmp/old.pt
     PYTHONPATH=<new tree> python3 scripts/emu_bits.py run /tmp/new.pt
     python3 scripts/emu_bits.py compare /tmp/old.pt /tmp/new.pt
-    python3 scripts/emu_bits.py run /tmp/knob.pt --define=-DFOSCAR_FINISH_TOTALS=1   # a lab knob
+    python3 scripts/emu_bits.py run /tmp/knob.pt --define=-DFOSCAR_PV_SPLIT=1   # with a lab knob
 
 `run` takes the emulator of whichever foscar it imports (its csrc), so each tree runs its own
 kernels. The cases: both widths, groups of 32, 64 and 128, the V modes with K channel-wise (or
