@@ -95,7 +95,7 @@ VARIANTS = ("fold", "dequant")
 # TIMELINE_ITEMS items, one %globaltimer stamp (ns) per phase, in this order; 0 where not reached.
 TIMELINE_ITEMS = 4
 TIMELINE_PHASES = ("entry", "item", "first_copy", "first_s", "last_trip", "folded", "stored", "written", "counted",
-                   "merge_fenced", "merge_weighted", "merged", "quarter1", "half", "quarter3")
+                   "merge_fenced", "merge_weighted", "merged", "quarter1", "half", "quarter3", "scaled")
 
 
 class _Args(ctypes.Structure):

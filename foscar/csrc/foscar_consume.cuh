@@ -528,6 +528,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
         for (int hf = 0; hf < 2; ++hf) s.merge[L.warp][hd - h0][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
     }
     named_barrier(kConsumerBarrier, kConsumerThreads);
+    if (L.tid == 0 && h0 == 0) timeline_stamp<T>(p, w, kTlScaled);
     // Thread tid's channel of each column: against the maximum over the warps, summed.
     auto sum_column = [&](int hd) {
       float mx = kNegInf;

@@ -81,6 +81,7 @@ enum TimelinePhase : int {
   kTlQuarter1,   // the consumers begin the item's trip n / 4 (n its trips): its progress, with
   kTlHalf,       // trip n / 2
   kTlQuarter3,   // and trip 3 n / 4
+  kTlScaled,     // the item's finish: the warps' outputs of its first columns scaled into shared memory (past the barrier)
   kTimelinePhases
 };
 constexpr int kTimelineItems = 4;

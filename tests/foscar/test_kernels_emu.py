@@ -432,7 +432,7 @@ def test_timeline_knob_stamps_each_ctas_phases():
                 continue
             at = {name: row[i] for name, i in phases.items()}
             assert (at["entry"] > 0) == (k == 0), (cta, k, at)
-            done = ("item", "first_copy", "first_s", "last_trip", "folded", "stored", "written", "counted")
+            done = ("item", "first_copy", "first_s", "last_trip", "folded", "scaled", "stored", "written", "counted")
             assert all(at[n] > 0 for n in done), (cta, k, at)
             merge = ("merge_fenced", "merge_weighted", "merged")
             consumer = [at[n] for n in (*done[:1], *done[2:], *merge) if at[n]]
@@ -446,13 +446,13 @@ def test_timeline_knob_stamps_each_ctas_phases():
 
 
 def test_timeline_needs_the_knob_and_the_launchs_size():
-    # 300 tokens, channel-wise: 4 packed chunks, so 2 splits of 2 on 2 CTAs (4 items x 15 phases each).
+    # 300 tokens, channel-wise: 4 packed chunks, so 2 splits of 2 on 2 CTAs (4 items x 16 phases each).
     seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=1, ratio=4)
     q, cache = _data(config, [300], 1, 4, seed)
     with pytest.raises(RuntimeError, match="FOSCAR_TIMELINE=1"):  # the default build records none
-        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(120, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"expected a contiguous torch.int64 tensor of 120 elements \(2 CTAs"):
-        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(120, dtype=torch.int32))
+        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(128, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"expected a contiguous torch.int64 tensor of 128 elements \(2 CTAs"):
+        emu.decode(q, cache, num_splits=2, timeline=torch.zeros(128, dtype=torch.int32))
 
 
 def test_the_reserved_fields_must_be_zero():

@@ -108,13 +108,14 @@ def test_timeline_table(lab):
 
     blank = [[0] * len(TIMELINE_PHASES)] * (TIMELINE_ITEMS - 1)
     # entry, item, first_copy, first_s, last_trip, folded, stored, written, counted, merge_fenced,
-    # merge_weighted, merged, quarter1, half, quarter3
-    merging = [[1000, 1500, 1200, 3000, 5000, 5200, 5800, 6000, 6600, 7000, 8000, 9000, 3800, 4200, 4600]] + blank
-    other = [[2000, 2500, 2200, 3500, 5500, 6200, 6800, 7000, 7400, 0, 0, 0, 4000, 4400, 4800]] + blank
+    # merge_weighted, merged, quarter1, half, quarter3, scaled
+    merging = [[1000, 1500, 1200, 3000, 5000, 5200, 5800, 6000, 6600, 7000, 8000, 9000, 3800, 4200, 4600, 5500]] + blank
+    other = [[2000, 2500, 2200, 3500, 5500, 6200, 6800, 7000, 7400, 0, 0, 0, 4000, 4400, 4800, 6400]] + blank
     t = lab.timeline_table([merging, other])
     assert t["grid"] == 2 and t["tick_ns"] == 200
-    assert t["ctas"] == [[0, 0, 0, 0.0, 0.5, 0.2, 2.0, 4.0, 4.2, 4.8, 5.0, 5.6, 6.0, 7.0, 8.0, 2.8, 3.2, 3.6],
-                         [1, 0, 1, 1.0, 1.5, 1.2, 2.5, 4.5, 5.2, 5.8, 6.0, 6.4, None, None, None, 3.0, 3.4, 3.8]]
+    assert t["ctas"] == [[0, 0, 0, 0.0, 0.5, 0.2, 2.0, 4.0, 4.2, 4.8, 5.0, 5.6, 6.0, 7.0, 8.0, 2.8, 3.2, 3.6, 4.5],
+                         [1, 0, 1, 1.0, 1.5, 1.2, 2.5, 4.5, 5.2, 5.8, 6.0, 6.4, None, None, None, 3.0, 3.4, 3.8, 5.4]]
+    assert t["summary"]["scaled"] == {"n": 2, "median_us": 4.95, "max_us": 5.4}
     assert t["summary"]["merge_weighted"] == {"n": 1, "median_us": 7.0, "max_us": 7.0}
     assert t["summary"]["written"] == {"n": 2, "median_us": 5.5, "max_us": 6.0}
     assert t["summary"]["merged"] == {"n": 1, "median_us": 8.0, "max_us": 8.0}
