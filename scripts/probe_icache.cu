@@ -85,24 +85,25 @@ Result launch(int ctas, int warps, uint64_t* d_stamps, float* sink) {
   return {f[f.size() / 2], s[s.size() / 2]};
 }
 
+// One JSON row of the "runs" array (the first without a leading comma).
+void emit(int kb, int ctas, int warps, const char* order, int rep, Result r) {
+  static int rows = 0;
+  printf("%s\n  {\"kb\": %d, \"ctas\": %d, \"warps\": %d, \"order\": \"%s\", \"rep\": %d, \"first_us\": %.3f, \"second_us\": %.3f}",
+         rows++ ? "," : "", kb, ctas, warps, order, rep, r.first_us, r.second_us);
+}
+
 template <int KB>
-void run_size(int ctas, int warps, uint64_t* st, float* sink, float* big, size_t big_n, bool first_size) {
-  const char* sep = first_size ? "" : ",";
-  auto emit = [&](const char* order, int rep, Result r) {
-    printf("%s\n  {\"kb\": %d, \"ctas\": %d, \"warps\": %d, \"order\": \"%s\", \"rep\": %d, \"first_us\": %.3f, \"second_us\": %.3f}",
-           sep, KB, ctas, warps, order, rep, r.first_us, r.second_us);
-    sep = ",";
-  };
-  emit("first_launch", 0, launch<KB, 0>(ctas, warps, st, sink));
-  for (int rep = 0; rep < 3; ++rep) emit("again", rep, launch<KB, 0>(ctas, warps, st, sink));
+void run_size(int ctas, int warps, uint64_t* st, float* sink, float* big, size_t big_n) {
+  emit(KB, ctas, warps, "first_launch", 0, launch<KB, 0>(ctas, warps, st, sink));
+  for (int rep = 0; rep < 3; ++rep) emit(KB, ctas, warps, "again", rep, launch<KB, 0>(ctas, warps, st, sink));
   for (int rep = 0; rep < 3; ++rep) {
     launch<96, 7>(ctas, warps, st, sink);
-    emit("after_other", rep, launch<KB, 0>(ctas, warps, st, sink));
+    emit(KB, ctas, warps, "after_other", rep, launch<KB, 0>(ctas, warps, st, sink));
   }
   for (int rep = 0; rep < 3; ++rep) {
     scribble<<<1024, 256>>>(big, big_n);
     cudaDeviceSynchronize();
-    emit("after_flush", rep, launch<KB, 0>(ctas, warps, st, sink));
+    emit(KB, ctas, warps, "after_flush", rep, launch<KB, 0>(ctas, warps, st, sink));
   }
 }
 
@@ -117,13 +118,11 @@ int main() {
   cudaMalloc(&sink, 1024 * sizeof(float));
   cudaMalloc(&big, big_n * sizeof(float));
   printf("{\"sms\": %d, \"l2_bytes\": %d, \"runs\": [", sms, l2);
-  bool first = true;
   for (int warps : {1, 4}) {
-    run_size<4>(sms, warps, st, sink, big, big_n, first);
-    first = false;
-    run_size<16>(sms, warps, st, sink, big, big_n, false);
-    run_size<48>(sms, warps, st, sink, big, big_n, false);
-    run_size<96>(sms, warps, st, sink, big, big_n, false);
+    run_size<4>(sms, warps, st, sink, big, big_n);
+    run_size<16>(sms, warps, st, sink, big, big_n);
+    run_size<48>(sms, warps, st, sink, big, big_n);
+    run_size<96>(sms, warps, st, sink, big, big_n);
   }
   printf("\n]}\n");
   cudaError_t e = cudaGetLastError();
