@@ -6,6 +6,8 @@
 // A kernel that runs most of its code once per CTA (a decode at batch 1: the start, one or two
 // trips, the finish and the split merge) pays it on its critical path.
 //   nvcc -arch=sm_90a -O3 -o /tmp/probe_icache scripts/probe_icache.cu && /tmp/probe_icache
+// "branchy" rows run the same KB as blocks of 512 bytes, each ending in a taken branch over an
+// unexecuted twin (the item's finish has 24 branches in 7.5 KB).
 // Launch orders: "again" repeats the same kernel (its code in L2, maybe still in the SM's
 // caches); "after_other" runs a different 96 KB kernel between; "after_flush" writes 4x L2 of
 // data between (the code, if evicted from L2, then comes from DRAM).
@@ -39,9 +41,39 @@ struct Fmas {
   }
 };
 
+// Blocks LO .. HI - 1 of 32 FMAs (512 bytes), each behind a branch on the uniform `taken` (1 at
+// run time): the block runs, then jumps over its twin (another 512 bytes, never run), so the
+// code is laid out as the item's finish is, runs of straight code between taken branches, with
+// unexecuted code beside them in the fetched lines.
+template <int LO, int HI, int SALT>
+struct Branchy {
+  static __device__ __forceinline__ void run(float (&a)[8], int taken) {
+    if constexpr (HI - LO == 1) {
+      if (taken) {
+        Fmas<32 * LO, 32 * LO + 32, SALT>::run(a);
+      } else {
+        Fmas<32 * LO, 32 * LO + 32, SALT + 50>::run(a);
+      }
+    } else {
+      Branchy<LO, (LO + HI) / 2, SALT>::run(a, taken);
+      Branchy<(LO + HI) / 2, HI, SALT>::run(a, taken);
+    }
+  }
+};
+
+// KB kilobytes of code run per pass: straight (BRANCHY false) or as Branchy's blocks (twice the
+// code in the binary, KB of it run).
+template <int KB, int SALT, bool BRANCHY>
+__device__ __forceinline__ void code(float (&a)[8], int taken) {
+  if constexpr (BRANCHY)
+    Branchy<0, KB * 1024 / 512, SALT>::run(a, taken);
+  else
+    Fmas<0, KB * 1024 / 16, SALT>::run(a);
+}
+
 // Two passes over KB kilobytes of code; stamps[cta][warp][3].
-template <int KB, int SALT>
-__global__ void __launch_bounds__(128) probe(uint64_t* stamps, float* sink, float seed) {
+template <int KB, int SALT, bool BRANCHY = false>
+__global__ void __launch_bounds__(128) probe(uint64_t* stamps, float* sink, float seed, int taken) {
   float a[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) a[i] = seed + i + threadIdx.x;
@@ -49,7 +81,7 @@ __global__ void __launch_bounds__(128) probe(uint64_t* stamps, float* sink, floa
   t[0] = gtime();
 #pragma unroll 1
   for (int pass = 0; pass < 2; ++pass) {
-    Fmas<0, KB * 1024 / 16, SALT>::run(a);
+    code<KB, SALT, BRANCHY>(a, taken);
     __syncwarp();
     t[pass + 1] = gtime();
     if (a[0] == 12345.f) seed += 1.f;  // keeps the pass's results live without a store per pass
@@ -72,9 +104,9 @@ struct Result {
   double first_us, second_us;
 };
 
-template <int KB, int SALT>
+template <int KB, int SALT, bool BRANCHY = false>
 Result launch(int ctas, int warps, uint64_t* d_stamps, float* sink) {
-  probe<KB, SALT><<<ctas, 32 * warps>>>(d_stamps, sink, 0.5f);
+  probe<KB, SALT, BRANCHY><<<ctas, 32 * warps>>>(d_stamps, sink, 0.5f, 1);
   cudaDeviceSynchronize();
   std::vector<uint64_t> h((size_t)ctas * warps * 3);
   cudaMemcpy(h.data(), d_stamps, h.size() * 8, cudaMemcpyDeviceToHost);
@@ -86,24 +118,25 @@ Result launch(int ctas, int warps, uint64_t* d_stamps, float* sink) {
 }
 
 // One JSON row of the "runs" array (the first without a leading comma).
-void emit(int kb, int ctas, int warps, const char* order, int rep, Result r) {
+void emit(int kb, bool branchy, int ctas, int warps, const char* order, int rep, Result r) {
   static int rows = 0;
-  printf("%s\n  {\"kb\": %d, \"ctas\": %d, \"warps\": %d, \"order\": \"%s\", \"rep\": %d, \"first_us\": %.3f, \"second_us\": %.3f}",
-         rows++ ? "," : "", kb, ctas, warps, order, rep, r.first_us, r.second_us);
+  printf("%s\n  {\"kb\": %d, \"form\": \"%s\", \"ctas\": %d, \"warps\": %d, \"order\": \"%s\", \"rep\": %d, \"first_us\": %.3f, \"second_us\": %.3f}",
+         rows++ ? "," : "", kb, branchy ? "branchy" : "straight", ctas, warps, order, rep, r.first_us, r.second_us);
 }
 
-template <int KB>
+template <int KB, bool BRANCHY = false>
 void run_size(int ctas, int warps, uint64_t* st, float* sink, float* big, size_t big_n) {
-  emit(KB, ctas, warps, "first_launch", 0, launch<KB, 0>(ctas, warps, st, sink));
-  for (int rep = 0; rep < 3; ++rep) emit(KB, ctas, warps, "again", rep, launch<KB, 0>(ctas, warps, st, sink));
+  auto one = [&] { return launch<KB, 0, BRANCHY>(ctas, warps, st, sink); };
+  emit(KB, BRANCHY, ctas, warps, "first_launch", 0, one());
+  for (int rep = 0; rep < 3; ++rep) emit(KB, BRANCHY, ctas, warps, "again", rep, one());
   for (int rep = 0; rep < 3; ++rep) {
     launch<96, 7>(ctas, warps, st, sink);
-    emit(KB, ctas, warps, "after_other", rep, launch<KB, 0>(ctas, warps, st, sink));
+    emit(KB, BRANCHY, ctas, warps, "after_other", rep, one());
   }
   for (int rep = 0; rep < 3; ++rep) {
     scribble<<<1024, 256>>>(big, big_n);
     cudaDeviceSynchronize();
-    emit(KB, ctas, warps, "after_flush", rep, launch<KB, 0>(ctas, warps, st, sink));
+    emit(KB, BRANCHY, ctas, warps, "after_flush", rep, one());
   }
 }
 
@@ -123,6 +156,9 @@ int main() {
     run_size<16>(sms, warps, st, sink, big, big_n);
     run_size<48>(sms, warps, st, sink, big, big_n);
     run_size<96>(sms, warps, st, sink, big, big_n);
+    run_size<4, true>(sms, warps, st, sink, big, big_n);
+    run_size<8, true>(sms, warps, st, sink, big, big_n);
+    run_size<16, true>(sms, warps, st, sink, big, big_n);
   }
   printf("\n]}\n");
   cudaError_t e = cudaGetLastError();
