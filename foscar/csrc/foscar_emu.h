@@ -1,9 +1,14 @@
 // A host emulation of the CUDA and Hopper features the FOSCAR kernels use, so that the kernels'
 // own source runs on a CPU (foscar/emu.py, tests/foscar/test_kernels_emu.py): every thread of a
-// CTA is a host thread. Warp collectives (shuffles, __syncwarp) and warpgroup MMAs are exchanges
-// through per-warp / per-warpgroup slots between two barriers; mbarriers, named barriers and the
-// bulk copy engine keep their real semantics (phases, arrival counts, transaction bytes), so the
-// producer / consumer handshakes run as on the GPU; a bulk copy lands at once.
+// CTA is a fiber, and the fibers of a launch take turns on the one host thread that called it.
+// A fiber runs until it must wait (a barrier, an mbarrier phase), then hands the host thread to
+// the next; so the kernels' barriers cost a user-space switch (about ten nanoseconds on x86-64)
+// instead of a futex between hundreds of host threads, and a launch runs the same way every time.
+// Warp collectives (shuffles, __syncwarp) and warpgroup MMAs are exchanges through per-warp /
+// per-warpgroup slots between two barriers; mbarriers, named barriers and the bulk copy engine
+// keep their real semantics (phases, arrival counts, transaction bytes), so the producer /
+// consumer handshakes run as on the GPU; a bulk copy lands at once. A launch whose every fiber
+// waits with nothing left to change it is a deadlock: the emulation says so and aborts.
 // Numerics: fp16 / bf16 wgmma and mma.sync products and accumulation follow the H200's Tensor
 // Cores bit for bit (foscar/tcmodel.py: every addend cut towards zero at 2^(e_max - 25), e_max
 // the largest of the operands' exponent sums and the accumulator's, the sum cut towards zero to
@@ -20,16 +25,15 @@
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <chrono>
 #include <climits>
 #include <cmath>
-#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #ifndef __launch_bounds__
@@ -44,22 +48,90 @@
 
 namespace foscar_emu {
 
+// ---- fibers (foscar_emu.cpp has the context switch and the stacks)
+struct Cta;
+struct Warp;
+struct Warpgroup;
+
+struct ThreadCtx {
+  uint3 thread_idx, block_idx;
+  dim3 block_dim, grid_dim;
+  Cta* cta;
+  int lane() const { return static_cast<int>(thread_idx.x % 32); }
+  Warp& warp() const;
+  Warpgroup& warpgroup() const;
+};
+
+// One emulated CUDA thread: its stack, its saved context while another runs, its body.
+struct Fiber {
+  ThreadCtx ctx;
+  std::function<void()> body;
+  void* stack = nullptr;
+  size_t stack_bytes = 0;
+  void* saved = nullptr;  // the context to resume it from (a stack pointer, or a ucontext_t)
+  bool started = false, done = false;
+};
+
+// The fibers of one launch, run in turns on the calling host thread: each runs until it waits or
+// ends. `progress` counts every change a waiting fiber could be waiting for (a fiber's start or
+// end, an arrival at any barrier, an mbarrier's arrivals and bytes, a wait satisfied): a whole
+// round of turns without one leaves every fiber waiting on what nothing can change, a deadlock.
+struct Scheduler {
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  Fiber* current = nullptr;
+  void* home = nullptr;  // the scheduler's own saved context
+  unsigned long long progress = 0;
+  void run();   // until every fiber has ended (foscar_emu.cpp)
+  void yield();  // the current fiber back to the scheduler, to be resumed on its next turn
+};
+inline Scheduler& scheduler() {  // this host thread's
+  static thread_local Scheduler s;
+  return s;
+}
+
+inline ThreadCtx& tls() { return scheduler().current->ctx; }
+
+// Waits, fiber by fiber, until cond() holds.
+template <class F>
+inline void wait_until(F&& cond) {
+  if (cond()) return;
+  Scheduler& s = scheduler();
+  do s.yield();
+  while (!cond());
+  ++s.progress;
+}
+
+// A barrier of `count` fibers (std::barrier's arrive_and_wait).
+struct Barrier {
+  explicit Barrier(int n) : count(n) {}
+  int count, arrived = 0;
+  long generation = 0;
+  void arrive_and_wait() {
+    ++scheduler().progress;
+    const long gen = generation;
+    if (++arrived == count) {
+      arrived = 0;
+      ++generation;
+      return;
+    }
+    wait_until([&] { return generation != gen; });
+  }
+};
+
 struct Warp {
   Warp() : bar(32) {}
-  std::barrier<> bar;
+  Barrier bar;
   uint32_t slot[32][8];
 };
 
 struct Warpgroup {
   Warpgroup() : bar(128) {}
-  std::barrier<> bar;
+  Barrier bar;
   uint32_t a[128][4];
 };
 
 // A named barrier (bar.sync id, count) with the OR-reduction of bar.red.or.
 struct NamedBarrier {
-  std::mutex mu;
-  std::condition_variable cv;
   int arrived = 0;
   long generation = 0;
   int any = 0;
@@ -75,30 +147,17 @@ struct Mbarrier {
 struct Cta {
   Cta(int threads, size_t smem_bytes)
       : bar(threads), smem(smem_bytes + 128), warps((threads + 31) / 32), warpgroups((threads + 127) / 128) {}
-  std::barrier<> bar;
+  Barrier bar;
   std::vector<uint8_t> smem;
   std::vector<Warp> warps;
   std::vector<Warpgroup> warpgroups;
   NamedBarrier named[16];
-  std::mutex mbar_mu;
-  std::condition_variable mbar_cv;
   std::map<uint32_t, Mbarrier> mbars;
   uint8_t* smem_base() { return smem.data() + (128 - reinterpret_cast<uintptr_t>(smem.data()) % 128) % 128; }
 };
 
-struct ThreadCtx {
-  uint3 thread_idx, block_idx;
-  dim3 block_dim, grid_dim;
-  Cta* cta;
-  int lane() const { return static_cast<int>(thread_idx.x % 32); }
-  Warp& warp() const { return cta->warps[thread_idx.x / 32]; }
-  Warpgroup& warpgroup() const { return cta->warpgroups[thread_idx.x / 128]; }
-};
-
-inline ThreadCtx& tls() {
-  static thread_local ThreadCtx ctx;
-  return ctx;
-}
+inline Warp& ThreadCtx::warp() const { return cta->warps[thread_idx.x / 32]; }
+inline Warpgroup& ThreadCtx::warpgroup() const { return cta->warpgroups[thread_idx.x / 128]; }
 
 // One exchange: every lane publishes up to 8 words, then reads any lane's.
 template <int N>
@@ -159,7 +218,7 @@ inline uint32_t smem_offset(const void* p) {
 
 inline void named_arrive(int id, int count, int pred, int* any_out) {
   NamedBarrier& nb = tls().cta->named[id];
-  std::unique_lock<std::mutex> lk(nb.mu);
+  ++scheduler().progress;
   const long gen = nb.generation;
   nb.any |= pred;
   if (++nb.arrived == count) {
@@ -167,9 +226,8 @@ inline void named_arrive(int id, int count, int pred, int* any_out) {
     nb.any = 0;
     nb.arrived = 0;
     ++nb.generation;
-    nb.cv.notify_all();
   } else {
-    nb.cv.wait(lk, [&] { return nb.generation != gen; });
+    wait_until([&] { return nb.generation != gen; });
   }
   if (any_out) *any_out = nb.result[gen & 1];
 }
@@ -178,7 +236,7 @@ inline void mbar_complete_if_done(Mbarrier& m) {
   if (m.pending == 0 && m.tx == 0) {
     ++m.phase;
     m.pending = m.expected;
-    tls().cta->mbar_cv.notify_all();
+    ++scheduler().progress;
   }
 }
 
@@ -360,7 +418,6 @@ inline uint32_t movmatrix_trans(uint32_t x) {
 // ---- mbarriers and the bulk copy engine
 inline void mbar_init(uint64_t* bar, uint32_t arrivals) {
   using namespace ::foscar_emu;
-  std::lock_guard<std::mutex> lk(tls().cta->mbar_mu);
   Mbarrier& m = tls().cta->mbars[smem_offset(bar)];
   m = Mbarrier{};
   m.expected = m.pending = static_cast<int>(arrivals);
@@ -369,37 +426,34 @@ inline void mbar_init_fence() {}
 inline void fence_acq_rel_cta() { std::atomic_thread_fence(std::memory_order_acq_rel); }
 inline void mbar_arrive(uint64_t* bar) {
   using namespace ::foscar_emu;
-  std::lock_guard<std::mutex> lk(tls().cta->mbar_mu);
   Mbarrier& m = tls().cta->mbars.at(smem_offset(bar));
+  ++scheduler().progress;
   --m.pending;
   mbar_complete_if_done(m);
 }
 inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   using namespace ::foscar_emu;
-  std::lock_guard<std::mutex> lk(tls().cta->mbar_mu);
   Mbarrier& m = tls().cta->mbars.at(smem_offset(bar));
+  ++scheduler().progress;
   m.tx += bytes;
   --m.pending;
   mbar_complete_if_done(m);
 }
 inline bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   using namespace ::foscar_emu;
-  std::lock_guard<std::mutex> lk(tls().cta->mbar_mu);
   return (tls().cta->mbars.at(smem_offset(bar)).phase & 1) != parity;
 }
 inline void mbar_wait(uint64_t* bar, uint32_t parity) {
   using namespace ::foscar_emu;
-  Cta& cta = *tls().cta;
-  std::unique_lock<std::mutex> lk(cta.mbar_mu);
-  Mbarrier& m = cta.mbars.at(smem_offset(bar));
-  cta.mbar_cv.wait(lk, [&] { return (m.phase & 1) != parity; });
+  const Mbarrier& m = tls().cta->mbars.at(smem_offset(bar));
+  wait_until([&] { return (m.phase & 1) != parity; });
 }
 inline void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   using namespace ::foscar_emu;
   if (bytes % 16 || reinterpret_cast<uintptr_t>(src) % 16 || smem_offset(dst) % 16) std::abort();
   std::memcpy(dst, src, bytes);
-  std::lock_guard<std::mutex> lk(tls().cta->mbar_mu);
   Mbarrier& m = tls().cta->mbars.at(smem_offset(bar));
+  ++scheduler().progress;
   m.tx -= bytes;
   mbar_complete_if_done(m);
 }

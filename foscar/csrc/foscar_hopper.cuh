@@ -1,7 +1,7 @@
 // Hopper (sm_90a) primitives of the FOSCAR kernels: warpgroup MMA (wgmma) with the A operand
 // in registers and B in shared memory and its matrix descriptor, the bulk copy engine (TMA)
 // completing on mbarriers, named barriers, and register reallocation. On a host compiler
-// (FOSCAR_HOST_EMU) foscar_emu.h gives the same functions over host threads.
+// (FOSCAR_HOST_EMU) foscar_emu.h gives the same functions over fibers on a host thread.
 //
 // Operand layouts (PTX ISA, "asynchronous warpgroup level matrix" section; scripts/probe_tc.py
 // checked them on the H200):
