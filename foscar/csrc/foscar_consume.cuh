@@ -512,54 +512,114 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
   // Columns in passes of four (the real ones, cols: 1, 2, 4 or 8): each warp's output against
   // the maximum over the warps into the merge buffer, then thread tid sums channel tid of each.
   const int hq0 = w.h * p.ratio, c = L.tid;
-  for (int h0 = 0; h0 < p.cols; h0 += kN / 2) {
-    if (h0 > 0) named_barrier(kConsumerBarrier, kConsumerThreads);  // the last pass is read out
+#if FOSCAR_FINISH_STRAIGHT
+  // Lab: one branch on the output's kind for the whole finish, one on the pass per thread; a
+  // column past cols is summed all the same (from stale rows) and its stores skipped by
+  // predicate. The same arithmetic in the same order as the form below. One-head kernels only:
+  // in the paired ones the unrolled columns spilled (4-48 bytes in six token-wise kernels).
+  constexpr bool kStraight = T::HP == 1;
+#else
+  constexpr bool kStraight = false;
+#endif
+  if constexpr (kStraight) {
+    auto columns = [&](auto direct) {
+      for (int h0 = 0; h0 < p.cols; h0 += kN / 2) {
+        if (h0 > 0) named_barrier(kConsumerBarrier, kConsumerThreads);  // the last pass is read out
+        if (2 * L.t >= h0 && 2 * L.t < h0 + kN / 2) {  // heads 2t and 2t + 1 share their pass
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int hd = 2 * L.t + hh;
-      if (hd < h0 || hd >= h0 + kN / 2) continue;
-      float mx = kNegInf;
+          for (int hh = 0; hh < 2; ++hh) {
+            const int hd = 2 * L.t + hh;
+            float mx = kNegInf;
 #pragma unroll
-      for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
-      const float scale = sm.m[hh] == kNegInf ? 0.f : exp2f(sm.m[hh] - mx);
+            for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+            const float scale = sm.m[hh] == kNegInf ? 0.f : exp2f(sm.m[hh] - mx);
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+            for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) s.merge[L.warp][hd - h0][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
-    }
-    named_barrier(kConsumerBarrier, kConsumerThreads);
-    if (L.tid == 0 && h0 == 0) timeline_stamp<T>(p, w, kTlScaled);
-    // Thread tid's channel of each column: against the maximum over the warps, summed.
-    auto sum_column = [&](int hd) {
-      float mx = kNegInf;
+              for (int hf = 0; hf < 2; ++hf)
+                s.merge[L.warp][hd - h0][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
+          }
+        }
+        named_barrier(kConsumerBarrier, kConsumerThreads);
+        if (L.tid == 0 && h0 == 0) timeline_stamp<T>(p, w, kTlScaled);
 #pragma unroll
-      for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
-      float o = 0.f, l = 0.f;
+        for (int i = 0; i < kN / 2; ++i) {
+          const int hd = h0 + i;
+          float mx = kNegInf;
 #pragma unroll
-      for (int ww = 0; ww < 4; ++ww) {
-        o += s.merge[ww][hd - h0][c];
-        const float m = s.red[ww][hd][0];
-        if (m != kNegInf) l += exp2f(m - mx) * s.red[ww][hd][1];
-      }
-      if (direct_output(p)) {
-        p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
-      } else {
-        const size_t row = partial_row(p, w, hq0, hd);
-        p.ws_o[row * kD + c] = o;
-        if (c == 0) p.ws_ml[row * 2] = mx, p.ws_ml[row * 2 + 1] = l;
+          for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+          float o = 0.f, l = 0.f;
+#pragma unroll
+          for (int ww = 0; ww < 4; ++ww) {
+            o += s.merge[ww][i][c];
+            const float m = s.red[ww][hd][0];
+            l += m != kNegInf ? exp2f(m - mx) * s.red[ww][hd][1] : 0.f;
+          }
+          const bool real = hd < p.cols;
+          if constexpr (decltype(direct)::value) {
+            if (real) p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
+          } else {
+            const size_t row = partial_row(p, w, hq0, hd);
+            if (real) p.ws_o[row * kD + c] = o;
+            if (real && c == 0) *reinterpret_cast<float2*>(p.ws_ml + row * 2) = make_float2(mx, l);
+          }
+        }
       }
     };
-    if constexpr (T::HP == 1) {
-      // Unrolled, so that the columns' loads overlap: batch 1's finish, 0.2-0.7 us faster at
-      // 4K-128K (docs/PERFORMANCE.md, v21). The paired kernels keep the loop: unrolled there,
-      // their trips got slower (1-5 % at batch 32 and 128).
+    if (direct_output(p))
+      columns(std::true_type{});
+    else
+      columns(std::false_type{});
+  } else {
+    for (int h0 = 0; h0 < p.cols; h0 += kN / 2) {
+      if (h0 > 0) named_barrier(kConsumerBarrier, kConsumerThreads);  // the last pass is read out
 #pragma unroll
-      for (int i = 0; i < kN / 2; ++i) {
-        if (h0 + i >= p.cols) break;
-        sum_column(h0 + i);
+      for (int hh = 0; hh < 2; ++hh) {
+        const int hd = 2 * L.t + hh;
+        if (hd < h0 || hd >= h0 + kN / 2) continue;
+        float mx = kNegInf;
+#pragma unroll
+        for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+        const float scale = sm.m[hh] == kNegInf ? 0.f : exp2f(sm.m[hh] - mx);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) s.merge[L.warp][hd - h0][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
       }
-    } else {
-      for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) sum_column(hd);
+      named_barrier(kConsumerBarrier, kConsumerThreads);
+      if (L.tid == 0 && h0 == 0) timeline_stamp<T>(p, w, kTlScaled);
+      // Thread tid's channel of each column: against the maximum over the warps, summed.
+      auto sum_column = [&](int hd) {
+        float mx = kNegInf;
+#pragma unroll
+        for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+        float o = 0.f, l = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < 4; ++ww) {
+          o += s.merge[ww][hd - h0][c];
+          const float m = s.red[ww][hd][0];
+          if (m != kNegInf) l += exp2f(m - mx) * s.red[ww][hd][1];
+        }
+        if (direct_output(p)) {
+          p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
+        } else {
+          const size_t row = partial_row(p, w, hq0, hd);
+          p.ws_o[row * kD + c] = o;
+          if (c == 0) p.ws_ml[row * 2] = mx, p.ws_ml[row * 2 + 1] = l;
+        }
+      };
+      if constexpr (T::HP == 1) {
+        // Unrolled, so that the columns' loads overlap: batch 1's finish, 0.2-0.7 us faster at
+        // 4K-128K (docs/PERFORMANCE.md, v21). The paired kernels keep the loop: unrolled there,
+        // their trips got slower (1-5 % at batch 32 and 128).
+#pragma unroll
+        for (int i = 0; i < kN / 2; ++i) {
+          if (h0 + i >= p.cols) break;
+          sum_column(h0 + i);
+        }
+      } else {
+        for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) sum_column(hd);
+      }
     }
   }
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlStored);  // thread 0's stores issued (the others' may trail)
