@@ -512,16 +512,14 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
   // Columns in passes of four (the real ones, cols: 1, 2, 4 or 8): each warp's output against
   // the maximum over the warps into the merge buffer, then thread tid sums channel tid of each.
   const int hq0 = w.h * p.ratio, c = L.tid;
-#if FOSCAR_FINISH_STRAIGHT
-  // Lab: one branch on the output's kind for the whole finish, one on the pass per thread; a
-  // column past cols is summed all the same (from stale rows) and its stores skipped by
-  // predicate. The same arithmetic in the same order as the form below. One-head kernels only:
-  // in the paired ones the unrolled columns spilled (4-48 bytes in six token-wise kernels).
-  constexpr bool kStraight = T::HP == 1;
-#else
-  constexpr bool kStraight = false;
-#endif
-  if constexpr (kStraight) {
+  if constexpr (T::HP == 1) {
+    // One branch on the output's kind for the whole finish, one on the pass per thread (heads 2t
+    // and 2t + 1 share their pass); every column of a pass summed (rows past cols are stale) and
+    // its stores skipped by predicate. A CTA runs this once, from a cold instruction cache, and a
+    // warp cannot run past a branch until it resolves: v46's form, a branch or two around every
+    // column and store, took 0.2 us more at batch 1-4 on an H100 (docs/PERFORMANCE.md, v47). The
+    // paired kernels keep the loop below: unrolled there, their columns spilled (4-48 bytes in
+    // six token-wise kernels), and their trips got slower (v21).
     auto columns = [&](auto direct) {
       for (int h0 = 0; h0 < p.cols; h0 += kN / 2) {
         if (h0 > 0) named_barrier(kConsumerBarrier, kConsumerThreads);  // the last pass is read out
@@ -608,18 +606,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
           if (c == 0) p.ws_ml[row * 2] = mx, p.ws_ml[row * 2 + 1] = l;
         }
       };
-      if constexpr (T::HP == 1) {
-        // Unrolled, so that the columns' loads overlap: batch 1's finish, 0.2-0.7 us faster at
-        // 4K-128K (docs/PERFORMANCE.md, v21). The paired kernels keep the loop: unrolled there,
-        // their trips got slower (1-5 % at batch 32 and 128).
-#pragma unroll
-        for (int i = 0; i < kN / 2; ++i) {
-          if (h0 + i >= p.cols) break;
-          sum_column(h0 + i);
-        }
-      } else {
-        for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) sum_column(hd);
-      }
+      for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) sum_column(hd);
     }
   }
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlStored);  // thread 0's stores issued (the others' may trail)

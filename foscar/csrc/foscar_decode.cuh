@@ -181,11 +181,6 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_PV_SPLIT
 #define FOSCAR_PV_SPLIT 2
 #endif
-// Lab: the item's finish with few branches (finish_item: one test of the pass and of the output
-// kind, every column's sums taken and its stores predicated), against v46's.
-#ifndef FOSCAR_FINISH_STRAIGHT
-#define FOSCAR_FINISH_STRAIGHT 0
-#endif
 // Stages of the paired kernels (a trip takes two; 4 for INT4 measured 12 % slower than 6).
 #ifndef FOSCAR_PAIR_STAGES_INT4
 #define FOSCAR_PAIR_STAGES_INT4 6

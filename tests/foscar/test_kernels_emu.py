@@ -39,7 +39,6 @@ KNOBS = [
     ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_PAIR_STAGES_INT4=8", "-DFOSCAR_PAIR_STAGES_INT2=8"),
     # 4 CTAs per SM with 4 paired INT4 stages: the kernels whose shared memory holds fewer keep 3
     ("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4"),
-    ("-DFOSCAR_FINISH_STRAIGHT=1",),  # the item's finish with few branches (same arithmetic)
 ]
 # Every build this file loads but the default (the last knob set is also the one
 # test_ctas_per_sm_are_the_knobs_where_the_kernel_fits reads).
@@ -263,22 +262,6 @@ def test_build_knobs_compute_the_same_function(knobs):
         q, cache = _data(config, lens, 2, ratio, seed)
         err = _error(q, cache, lens, defines=knobs, kv_heads_per_item=heads)
         assert err <= TOLERANCE, f"seed={seed} bits={bits} knobs={knobs}: {err:.2e}"
-
-
-@pytest.mark.parametrize("ratio", [1, 2, 4, 8])
-def test_the_straight_finish_keeps_every_bit(ratio):
-    # The lab's FOSCAR_FINISH_STRAIGHT sums every column of a pass (stale rows past cols, their
-    # stores skipped) and tests the output's kind once: the same arithmetic in the same order, so
-    # the same bits, at 1, 2, 4 and 8 columns, one head and paired, one split (the output written
-    # at once) and several (partials and the merge).
-    for bits, heads in ((4, 1), (2, 2)):
-        seed, config, lens, _, _ = _case(bits, 128, "channel", "token", batch=2, ratio=ratio)
-        q, cache = _data(config, lens, 2, ratio, seed)
-        for splits in (1, 3):
-            kw = dict(num_splits=splits, kv_heads_per_item=heads if 2 <= ratio <= 4 else 1)  # pairs need 4-8 columns
-            a = emu.decode(q, cache, **kw)
-            b = emu.decode(q, cache, defines=("-DFOSCAR_FINISH_STRAIGHT=1",), **kw)
-            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"seed={seed} bits={bits} {kw}"
 
 
 def test_paired_merge_covers_every_column_and_split_count():
