@@ -29,6 +29,7 @@ extern "C" void foscar_emu_switch(void** save, void* to);
 asm(R"(
   .text
   .p2align 4
+  .hidden foscar_emu_switch
   .type foscar_emu_switch, @function
 foscar_emu_switch:
   pushq %rbp
