@@ -519,7 +519,10 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
     // warp cannot run past a branch until it resolves: v46's form, a branch or two around every
     // column and store, took 0.2 us more at batch 1-4 on an H100 (docs/PERFORMANCE.md, v47). The
     // paired kernels keep the loop below: unrolled there, their columns spilled (4-48 bytes in
-    // six token-wise kernels), and their trips got slower (v21).
+    // six token-wise kernels), and their trips got slower (v21). The two forms repeat the scaled
+    // writes and the column sums on purpose: written once as shared lambdas, every kernel's
+    // finish was rescheduled (registers renamed, the pass test rewritten), so neither library
+    // would be the one timed; share them when the next change to the finish is timed anyway.
     auto columns = [&](auto direct) {
       for (int h0 = 0; h0 < p.cols; h0 += kN / 2) {
         if (h0 > 0) named_barrier(kConsumerBarrier, kConsumerThreads);  // the last pass is read out
