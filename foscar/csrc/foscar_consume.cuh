@@ -512,6 +512,19 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
   // Columns in passes of four (the real ones, cols: 1, 2, 4 or 8): each warp's output against
   // the maximum over the warps into the merge buffer, then thread tid sums channel tid of each.
   const int hq0 = w.h * p.ratio, c = L.tid;
+  // This warp's output of head 2t + hh (column 2t + hh) against the column's maximum over the
+  // warps, into its slot of pass h0 in the merge buffer.
+  auto scale_into_merge = [&](int hh, int h0) {
+    const int hd = 2 * L.t + hh;
+    float mx = kNegInf;
+#pragma unroll
+    for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+    const float scale = sm.m[hh] == kNegInf ? 0.f : exp2f(sm.m[hh] - mx);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) s.merge[L.warp][hd - h0][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
+  };
   if constexpr (T::HP == 1) {
     // One branch on the output's kind for the whole finish, one on the pass per thread (heads 2t
     // and 2t + 1 share their pass); every column of a pass summed (rows past cols are stale) and
@@ -519,27 +532,16 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
     // warp cannot run past a branch until it resolves: v46's form, a branch or two around every
     // column and store, took 0.2 us more at batch 1-4 on an H100 (docs/PERFORMANCE.md, v47). The
     // paired kernels keep the loop below: unrolled there, their columns spilled (4-48 bytes in
-    // six token-wise kernels), and their trips got slower (v21). The two forms repeat the scaled
-    // writes and the column sums on purpose: written once as shared lambdas, every kernel's
-    // finish was rescheduled (registers renamed, the pass test rewritten), so neither library
-    // would be the one timed; share them when the next change to the finish is timed anyway.
+    // six token-wise kernels), and their trips got slower (v21). The two forms repeat the column
+    // sums on purpose: written once as a shared lambda (either way of adding the denominator),
+    // 18-63 kernels' finishes were rescheduled, so the library would not be the one timed; share
+    // them when the next change to the finish is timed anyway.
     auto columns = [&](auto direct) {
       for (int h0 = 0; h0 < p.cols; h0 += kN / 2) {
         if (h0 > 0) named_barrier(kConsumerBarrier, kConsumerThreads);  // the last pass is read out
         if (2 * L.t >= h0 && 2 * L.t < h0 + kN / 2) {  // heads 2t and 2t + 1 share their pass
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int hd = 2 * L.t + hh;
-            float mx = kNegInf;
-#pragma unroll
-            for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
-            const float scale = sm.m[hh] == kNegInf ? 0.f : exp2f(sm.m[hh] - mx);
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-              for (int hf = 0; hf < 2; ++hf)
-                s.merge[L.warp][hd - h0][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
-          }
+          for (int hh = 0; hh < 2; ++hh) scale_into_merge(hh, h0);
         }
         named_barrier(kConsumerBarrier, kConsumerThreads);
         if (L.tid == 0 && h0 == 0) timeline_stamp<T>(p, w, kTlScaled);
@@ -578,14 +580,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
       for (int hh = 0; hh < 2; ++hh) {
         const int hd = 2 * L.t + hh;
         if (hd < h0 || hd >= h0 + kN / 2) continue;
-        float mx = kNegInf;
-#pragma unroll
-        for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
-        const float scale = sm.m[hh] == kNegInf ? 0.f : exp2f(sm.m[hh] - mx);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) s.merge[L.warp][hd - h0][16 * j + L.g + 8 * hf] = vs.out[j][hh + 2 * hf] * scale;
+        scale_into_merge(hh, h0);
       }
       named_barrier(kConsumerBarrier, kConsumerThreads);
       if (L.tid == 0 && h0 == 0) timeline_stamp<T>(p, w, kTlScaled);

@@ -128,7 +128,7 @@ void Scheduler::yield() { switch_context(&current->saved, home); }
 
 void Scheduler::run() {
 #if !defined(__x86_64__)
-  ucontext_t home_uc;
+  ucontext_t home_uc;  // switch_context saves the scheduler's context here
   home = &home_uc;
 #endif
   for (auto& f : fibers) prepare(*f);
@@ -139,11 +139,7 @@ void Scheduler::run() {
       if (f->done) continue;
       if (!f->started) f->started = true, ++progress;
       current = f.get();
-#if defined(__x86_64__)
       switch_context(&home, f->saved);
-#else
-      swapcontext(&home_uc, static_cast<ucontext_t*>(f->saved));
-#endif
       current = nullptr;
       if (!f->done) ++live;
     }
