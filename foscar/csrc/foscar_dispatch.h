@@ -118,17 +118,30 @@ int dispatch_group(const FoscarDecodeArgs& a, void* s) {
                      : dispatch_modes<Launch, BITS, G, false, false>(a, s);
 }
 
+// Lab knob FOSCAR_ONLY_GROUP=G: a build with the instances of group size G alone (a third of the
+// compile), for experiments and tests that run one group size; 0 (the default) builds 32, 64
+// and 128. A launch of another size is refused by name.
+#ifndef FOSCAR_ONLY_GROUP
+#define FOSCAR_ONLY_GROUP 0
+#endif
+static_assert(FOSCAR_ONLY_GROUP == 0 || FOSCAR_ONLY_GROUP == 32 || FOSCAR_ONLY_GROUP == 64 || FOSCAR_ONLY_GROUP == 128,
+              "FOSCAR_ONLY_GROUP must be 0 (every group size), 32, 64 or 128");
+constexpr bool group_built(int g) { return FOSCAR_ONLY_GROUP == 0 || FOSCAR_ONLY_GROUP == g; }
+
 // Every instance of one bit width (one translation unit per width builds in parallel).
 template <class Launch, int BITS>
 int dispatch_bits(const FoscarDecodeArgs& a, void* s) {
   switch (a.group_size) {
-    case 32: return dispatch_group<Launch, BITS, 32>(a, s);
-    case 64: return dispatch_group<Launch, BITS, 64>(a, s);
-    case 128: return dispatch_group<Launch, BITS, 128>(a, s);
-    default:
-      last_error() = "group_size " + std::to_string(a.group_size) + " is not built; expected 32, 64 or 128";
-      return 2;
+    case 32: if constexpr (group_built(32)) return dispatch_group<Launch, BITS, 32>(a, s); break;
+    case 64: if constexpr (group_built(64)) return dispatch_group<Launch, BITS, 64>(a, s); break;
+    case 128: if constexpr (group_built(128)) return dispatch_group<Launch, BITS, 128>(a, s); break;
+    default: break;
   }
+  last_error() = "group_size " + std::to_string(a.group_size) + " is not built; expected " +
+                 (FOSCAR_ONLY_GROUP ? std::to_string(FOSCAR_ONLY_GROUP) + " (this build has FOSCAR_ONLY_GROUP=" +
+                                          std::to_string(FOSCAR_ONLY_GROUP) + ")"
+                                    : std::string("32, 64 or 128"));
+  return 2;
 }
 
 // Launchers that answer a question about an instance instead of running it, through the same

@@ -29,25 +29,31 @@ MODES = [("token", "token"), ("token", "channel"), ("channel", "token"), ("chann
 RNG = random.Random(0)
 
 
-# The lab's knob sets test_build_knobs_compute_the_same_function builds the emulator with.
+# The lab's knob sets test_build_knobs_compute_the_same_function builds the emulator with. The
+# tests that load them run groups of 128 alone, so those builds hold that size alone
+# (FOSCAR_ONLY_GROUP, about 40 % less compile each) but the last, whose CTA counts
+# test_ctas_per_sm_are_the_knobs_where_the_kernel_fits reads at groups of 32 too.
+G128 = "-DFOSCAR_ONLY_GROUP=128"
 KNOBS = [
-    ("-DFOSCAR_STAGES_INT4=2", "-DFOSCAR_STAGES_INT2=2"),
-    ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6"),
-    ("-DFOSCAR_PAIR_HEADS=0",),  # one KV head per item at every ratio (the lab's baseline)
-    ("-DFOSCAR_PV_SPLIT=1",),  # a paired trip's V slices split 1 / 3 between its two S groups
+    ("-DFOSCAR_STAGES_INT4=2", "-DFOSCAR_STAGES_INT2=2", G128),
+    ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_STAGES_INT4=6", G128),
+    ("-DFOSCAR_PAIR_HEADS=0", G128),  # one KV head per item at every ratio (the lab's baseline)
+    ("-DFOSCAR_PV_SPLIT=1", G128),  # a paired trip's V slices split 1 / 3 between its two S groups
     # 2 CTAs per SM with an 8-stage paired ring
-    ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_PAIR_STAGES_INT4=8", "-DFOSCAR_PAIR_STAGES_INT2=8"),
+    ("-DFOSCAR_CTAS_INT4=2", "-DFOSCAR_CTAS_INT2=2", "-DFOSCAR_PAIR_STAGES_INT4=8", "-DFOSCAR_PAIR_STAGES_INT2=8", G128),
     # 4 CTAs per SM with 4 paired INT4 stages: the kernels whose shared memory holds fewer keep 3
     ("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4"),
 ]
-# Every build this file loads but the default (the last knob set is also the one
-# test_ctas_per_sm_are_the_knobs_where_the_kernel_fits reads).
-LAB_BUILDS = [*KNOBS, ("-DFOSCAR_TIMELINE=1",)]
+TIMELINE = ("-DFOSCAR_TIMELINE=1", G128)
+# Every build this file loads but the default, each for a case or two: g++ -O0 (it compiles in
+# about 40 % of -O1's time).
+LAB_BUILDS = [*KNOBS, TIMELINE]
+LAB_OPT = 0
 
 
 def _build_quietly(defines):
     try:
-        emu.build(defines)
+        emu.build(defines, opt_level=LAB_OPT)
     except BuildError:
         pass  # the test that loads this build reports it
 
@@ -260,7 +266,7 @@ def test_build_knobs_compute_the_same_function(knobs):
     for bits in (4, 2):
         seed, config, lens, _, ratio = _case(bits, 128, RNG.choice(["channel", "token"]), "token", batch=2, ratio=4)
         q, cache = _data(config, lens, 2, ratio, seed)
-        err = _error(q, cache, lens, defines=knobs, kv_heads_per_item=heads)
+        err = _error(q, cache, lens, defines=knobs, opt_level=LAB_OPT, kv_heads_per_item=heads)
         assert err <= TOLERANCE, f"seed={seed} bits={bits} knobs={knobs}: {err:.2e}"
 
 
@@ -352,7 +358,7 @@ def test_ctas_per_sm_are_the_knobs_where_the_kernel_fits():
     assert [ctas(2, 64, k, v, 0, 2) for k, v in ((1, 1), (1, 0), (0, 1))] == [4, 3, 3]  # G = 64: channel/channel only
     assert ctas(2, 64, 1, 1, 0, 1) == 3 and ctas(4, 64, 1, 1, 0, 2) == 3
     assert ctas(2, 128, 0, 0, 1, 1) == -1 and ctas(3, 128, 1, 0, 0, 1) == -1  # not built
-    lab = emu.load(("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4")).foscar_emu_ctas_per_sm
+    lab = emu.load(KNOBS[-1], LAB_OPT).foscar_emu_ctas_per_sm
     assert [lab(4, 128, 1, 0, 0, hp) for hp in (1, 2)] == [4, 4] and lab(4, 32, 1, 0, 0, 2) == 3
     assert lab(2, 32, 1, 0, 0, 1) == 4 and lab(2, 32, 1, 0, 0, 2) == 3  # four rings of groups of 32 do not fit
 
@@ -408,17 +414,17 @@ def test_timeline_knob_stamps_each_ctas_phases():
     # KV head) exactly the split that arrived last (CTAs run one after another here) merged.
     from foscar import kernels
 
-    knob = ("-DFOSCAR_TIMELINE=1",)
+    knob = TIMELINE
     seed, config, _, _, _ = _case(4, 128, "channel", "token", batch=1, ratio=4)
     lens = [450]  # 6 packed chunks (3 splits of 2) and a 66-token tail
     q, cache = _data(config, lens, 2, 4, seed)
-    lib = emu.load(knob)
+    lib = emu.load(knob, LAB_OPT)
     splits, num_sms = 3, 1
     plan = kernels.resolve_plan(cache, q.shape[1], variant="fold", num_splits=splits, num_sms=num_sms,
                                 ctas_per_sm=lib.foscar_emu_ctas_per_sm, alt_ctas_per_sm=lib.foscar_emu_ctas_per_sm_alt)[1]
     assert (plan.num_splits, plan.num_ctas, plan.ctas_per_sm) == (splits, 3, 0)
     stamps = torch.zeros(kernels.timeline_entries(plan.num_ctas), dtype=torch.int64)
-    err = _error(q, cache, lens, num_splits=splits, num_sms=num_sms, defines=knob, timeline=stamps)
+    err = _error(q, cache, lens, num_splits=splits, num_sms=num_sms, defines=knob, opt_level=LAB_OPT, timeline=stamps)
     assert err <= TOLERANCE, f"seed={seed}: {err:.2e}"
 
     phases = {name: i for i, name in enumerate(kernels.TIMELINE_PHASES)}
@@ -472,3 +478,21 @@ def test_the_reserved_fields_must_be_zero():
         assert lib.foscar_emu_decode(ctypes.byref(args)) == 2
         assert f"{field} 3 is not 0" in lib.foscar_emu_last_error().decode()
         setattr(args, field, 0)
+
+
+def test_a_group_size_the_build_leaves_out_is_refused_by_name():
+    # A lab build with FOSCAR_ONLY_GROUP=128 holds groups of 128 alone: a launch at 32 is refused
+    # by the planner (the instance reports no CTAs) and, past it, by the library, naming the knob.
+    seed, config, lens, num_kv_heads, ratio = _case(4, 32, "channel", "token", batch=1, ratio=4)
+    q, cache = _data(config, lens, num_kv_heads, ratio, seed)
+    with pytest.raises(ValueError, match="the library builds no fold kernel for 4-bit codes, group_size=32"):
+        emu.decode(q, cache, defines=TIMELINE, opt_level=LAB_OPT)
+    lib = emu.load(TIMELINE, LAB_OPT)
+    args = kernels.launch_args(q, cache, torch.empty_like(q), sm_scale=None, variant="fold", num_splits=None,
+                               num_sms=1, ctas_per_sm=3, alt_ctas_per_sm=0, kv_heads_per_item=1,
+                               workspace=lambda *n: [torch.zeros(max(x, 1)) for x in n])
+    assert lib.foscar_emu_decode(ctypes.byref(args)) == 2
+    assert lib.foscar_emu_last_error().decode() == (
+        "group_size 32 is not built; expected 128 (this build has FOSCAR_ONLY_GROUP=128)")
+    with pytest.raises(ValueError, match="opt_level=2 is not one the emulator builds with; expected 0 or 1"):
+        emu.build(opt_level=2)
