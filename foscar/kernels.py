@@ -527,7 +527,7 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     the GPU named `gpu_name` (see resolve_plan; None: any width may).
 
     `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the zeroed
-    arrival counters; the struct holds raw pointers, so the caller keeps every tensor alive
+    arrival counters (the first half; the second, sense words, may hold anything); the struct holds raw pointers, so the caller keeps every tensor alive
     until the launch has run. `timeline`: see decode().
     """
     cfg = cache.config
@@ -547,8 +547,9 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         raise ValueError(f"timeline has {got}; expected a contiguous torch.int64 tensor of {timeline_entries(ctas)} "
                          f"elements ({ctas} CTAs x {TIMELINE_ITEMS} items x {len(TIMELINE_PHASES)} phases) on "
                          f"{q.device}.")
+    # The counters: one per (sequence, KV head), then as many sense words (lab knob FOSCAR_COOP_MERGE).
     ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
-                                      batch * cache.num_kv_heads)
+                                      2 * batch * cache.num_kv_heads)
     return _Args(
         q.data_ptr(), out.data_ptr(), cache.k_codes.data_ptr(), cache.v_codes.data_ptr(),
         cache.k_params.data_ptr(), cache.v_params.data_ptr(), cache.page_table.data_ptr(),

@@ -500,7 +500,7 @@ __device__ __forceinline__ size_t partial_row(const DecodeParams& p, const WorkI
 // this split's partials (and the merge of all splits by the last to arrive).
 template <class T, class VSide>
 __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
-                                 const WarpSoftmax& sm, VSide& vs) {
+                                 const WarpSoftmax& sm, VSide& vs, int sense0) {
   vs.finish(s, L);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
@@ -613,7 +613,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
     if (L.tid == 0) timeline_stamp<T>(p, w, kTlWritten);
     return;
   }
-  merge_splits<T>(p, s, L, w);
+  merge_splits<T>(p, s, L, w, sense0);
 }
 
 // The consumer warpgroup: the items of this CTA, chunk by chunk.
@@ -643,10 +643,15 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     }
 
     if (L.tid == 0) timeline_stamp(p, item, kTlLastTrip);
+    int sense0 = 0;  // FOSCAR_COOP_MERGE: the pair's sense word, read here, awaited after the count
+#if FOSCAR_COOP_MERGE
+    if (L.tid == 0 && p.num_splits > 1 && p.num_items <= static_cast<int>(gridDim.x))
+      sense0 = ld_relaxed_gpu(p.ws_count + (size_t)(p.batch + w.b) * p.num_kv_heads + w.h);
+#endif
     if constexpr (T::kHasTail) {
       if (w.split == 0 && w.tail_len > 0) consume_tail<T>(p, s, L, w, sm, vs);
     }
-    finish_item<T>(p, s, L, w, sm, vs);
+    finish_item<T>(p, s, L, w, sm, vs, sense0);
   }
 }
 

@@ -99,7 +99,8 @@ struct DecodeParams {
   const __nv_bfloat16* v_tail;
   float* ws_o;                  // [batch, num_q_heads, num_splits, D] (num_splits > 1 only)
   float* ws_ml;                 // [batch, num_q_heads, num_splits, 2]
-  int* ws_count;                // [batch, num_kv_heads] splits done; 0 between launches
+  int* ws_count;                // [2, batch, num_kv_heads]: splits done (0 between launches), then
+                                // FOSCAR_COOP_MERGE's sense words
   int batch, num_q_heads, num_kv_heads, ratio;
   // KV heads per work item (kv_heads_per_item) and the real columns of S and O they fill:
   // cols = heads_per_item * ratio, column n the query head (first KV head) * ratio + n.
@@ -187,6 +188,12 @@ constexpr int kMinCtasPerSm = 3;
 #endif
 #ifndef FOSCAR_PAIR_STAGES_INT2
 #define FOSCAR_PAIR_STAGES_INT2 6
+#endif
+// Lab: the split merge shared by every split's CTA where a launch's items all run at once (no
+// more items than CTAs, a cooperative launch): each waits for the last to count, then merges a
+// slice of the output (merge_together), so that no one SM reads every split's partials.
+#ifndef FOSCAR_COOP_MERGE
+#define FOSCAR_COOP_MERGE 0
 #endif
 // A kernel's shape: everything but its occupancy (DecodeTraits adds that, from the shared memory
 // this shape takes).
@@ -1158,12 +1165,114 @@ __device__ __forceinline__ void merge_batched(const DecodeParams& p, const Lane&
   }
 }
 
+// Lab knob FOSCAR_COOP_MERGE: the merge of a (sequence, KV head) shared by its S splits' CTAs,
+// all resident (a cooperative launch of no more items than CTAs). Each CTA counts; the last
+// resets the counter and flips the pair's sense word (release); the others wait for the flip
+// (acquire; a sense word, not the counter, so that nothing is left to reset after the launch).
+// Then CTA `split` merges slice `split` of the cols x 128 outputs: n = 4 ceil(cols 128 / 4 S)
+// floats, as Q float4 quads, thread t taking quad t % Q of splits t / Q, t / Q + R, .. (R = 128 / Q
+// threads a quad), loaded before the weights (one round trip for partials and (m, l) alike),
+// summed through shared memory. Its wait for the sense word (one L2 round trip after the last
+// count, on average) buys one SM's read of 4 cols x 128 x S bytes instead of S times as much.
+// `sense0` is the sense word as thread 0 read it before counting.
+template <class T>
+__device__ void merge_together(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                               int hq0, int sense0) {
+  const int S = p.num_splits;
+  named_barrier(kConsumerBarrier, kConsumerThreads);  // the partials stores, before thread 0's release
+  if (L.tid == 0) {
+    timeline_stamp<T>(p, w, kTlWritten);
+    const size_t pair = (size_t)w.b * p.num_kv_heads + w.h;
+    int* count = p.ws_count + pair;
+    int* sense = p.ws_count + (size_t)p.batch * p.num_kv_heads + pair;
+    if (atomic_add_acq_rel_gpu(count, 1) == S - 1) {
+      *count = 0;  // every split has counted (the flip below orders it before the launch's end)
+      st_release_gpu(sense, sense0 ^ 1);
+    } else {
+      wait_until_changed_gpu(sense, sense0);
+    }
+    timeline_stamp<T>(p, w, kTlCounted);
+  }
+  named_barrier(kConsumerBarrier, kConsumerThreads);  // thread 0's acquire, before every thread's loads
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeFenced);
+  const int total = p.cols * kD;
+  const int n = 4 * ((total + 4 * S - 1) / (4 * S));
+  const int lo = min(total, w.split * n), hi = min(total, lo + n);
+  const int quads = (hi - lo) / 4;  // 0 for the splits past the outputs (S > total / 4)
+  const int per_quad = quads ? kConsumerThreads / quads : 0;
+  const int q = quads ? L.tid % quads : 0, r = quads ? L.tid / quads : per_quad;
+  const bool active = r < per_quad;
+  const int e = lo + 4 * q, hd = e / kD, ch = e % kD, hd_lo = lo / kD;
+  const size_t row0 = ((size_t)w.b * p.num_q_heads + hq0) * S;  // column c, split sp: row0 + c S + sp
+  const float4* src = reinterpret_cast<const float4*>(p.ws_o + (row0 + (size_t)hd * S) * kD + ch);
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  constexpr int kLoads = 4;  // a thread's splits in flight; more (S > 4 R) follow one by one
+  float4 o[kLoads];
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k) {
+    const int sp = r + k * per_quad;
+    o[k] = active && sp < S ? __ldcg(src + (size_t)sp * (kD / 4)) : zero;
+  }
+  // The weights of the columns this slice touches (at most 5), warp c % 4 for column hd_lo + c.
+  float* wgt = &s.merge[0][0][0];                    // [column - hd_lo][split]
+  float4* red = reinterpret_cast<float4*>(wgt + 8 * 128);  // [r][q] thread sums
+  static_assert(sizeof(s.merge) >= (8 * 128 + kConsumerThreads * 4) * sizeof(float), "weights and sums");
+  const int touched = quads ? (hi - 1) / kD - hd_lo + 1 : 0;
+  const float2* ml = reinterpret_cast<const float2*>(p.ws_ml);
+  for (int c = L.warp; c < touched; c += 4) {
+    float2 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = L.lane + 32 * k;
+      v[k] = i < S ? __ldcg(ml + row0 + (size_t)(hd_lo + c) * S + i) : make_float2(kNegInf, 0.f);
+    }
+    weigh_splits(v, L, wgt + c * S, S);
+  }
+  named_barrier(kConsumerBarrier, kConsumerThreads);  // the weights, before the sums
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMergeWeighted);
+  float4 acc = zero;
+  const float* wc = wgt + (hd - hd_lo) * S;
+  if (active) {
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      const int sp = r + k * per_quad;
+      const float wv = sp < S ? wc[sp] : 0.f;
+      acc.x = fmaf(wv, o[k].x, acc.x), acc.y = fmaf(wv, o[k].y, acc.y);
+      acc.z = fmaf(wv, o[k].z, acc.z), acc.w = fmaf(wv, o[k].w, acc.w);
+    }
+    for (int sp = r + kLoads * per_quad; sp < S; sp += per_quad) {
+      const float4 x = __ldcg(src + (size_t)sp * (kD / 4));
+      const float wv = wc[sp];
+      acc.x = fmaf(wv, x.x, acc.x), acc.y = fmaf(wv, x.y, acc.y);
+      acc.z = fmaf(wv, x.z, acc.z), acc.w = fmaf(wv, x.w, acc.w);
+    }
+    if (r > 0) red[(r - 1) * quads + q] = acc;
+  }
+  named_barrier(kConsumerBarrier, kConsumerThreads);  // the threads' sums, before the quads' owners read them
+  if (active && r == 0) {
+    for (int rr = 1; rr < per_quad; ++rr) {
+      const float4 x = red[(rr - 1) * quads + q];
+      acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+    }
+    *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
+        make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
+  }
+  named_barrier(kConsumerBarrier, kConsumerThreads);  // s.merge is read out before the next item
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);
+}
+
 // After every split of an item wrote its partials (o against its own maximum m, and l): the
 // last split of a (sequence, KV head) to arrive merges them all into the output and resets the
-// counter for the next launch.
+// counter for the next launch (or, FOSCAR_COOP_MERGE, all of them merge it together).
 template <class T>
-__device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w) {
+__device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                             int sense0) {
   const int hq0 = w.h * p.ratio;
+#if FOSCAR_COOP_MERGE
+  if (p.num_items <= static_cast<int>(gridDim.x)) return merge_together<T>(p, s, L, w, hq0, sense0);
+#else
+  (void)sense0;
+#endif
   // The consumers' partials stores are ordered before thread 0's release by the barrier; its
   // acquire, when it counts last, before their reads of the other splits' partials by the next.
   named_barrier(kConsumerBarrier, kConsumerThreads);

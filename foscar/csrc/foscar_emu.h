@@ -255,6 +255,16 @@ inline void __syncthreads() { ::foscar_emu::tls().cta->bar.arrive_and_wait(); }
 // is real, with the ordering it has on the GPU (foscar_hopper.cuh).
 namespace foscar {
 inline int atomic_add_acq_rel_gpu(int* counter, int v) { return __atomic_fetch_add(counter, v, __ATOMIC_ACQ_REL); }
+inline int ld_relaxed_gpu(const int* flag) { return __atomic_load_n(flag, __ATOMIC_RELAXED); }
+inline void st_release_gpu(int* flag, int v) {
+  __atomic_store_n(flag, v, __ATOMIC_RELEASE);
+  ++::foscar_emu::scheduler().progress;
+}
+// The other CTAs run as fibers of this host thread (a cooperative launch runs them all at once):
+// the wait yields to them until the flag changes.
+inline void wait_until_changed_gpu(const int* flag, int old) {
+  ::foscar_emu::wait_until([&] { return __atomic_load_n(flag, __ATOMIC_ACQUIRE) != old; });
+}
 }  // namespace foscar
 template <class T>
 inline T __ldcg(const T* address) {

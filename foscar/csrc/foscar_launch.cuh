@@ -60,6 +60,25 @@ struct CudaLaunch {
     // foscar_ctas_per_sm(), and a lab build's kernel that holds fewer CTAs than the knob asks
     // (DecodeTraits) would otherwise run its last CTAs in a second wave.
     const int ctas = std::min(a.num_ctas, resident[a.device].load());
+#if FOSCAR_COOP_MERGE
+    if (p.num_items <= ctas && p.num_splits > 1) {
+      // The CTAs wait for each other in the split merge: a cooperative launch, which the driver
+      // runs only with every CTA resident at once (or refuses).
+      cudaLaunchConfig_t config = {};
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeCooperative;
+      attr[0].val.cooperative = 1;
+      config.gridDim = dim3(ctas), config.blockDim = dim3(Tr::kThreads);
+      config.dynamicSmemBytes = smem, config.stream = stream;
+      config.attrs = attr, config.numAttrs = 1;
+      e = cudaLaunchKernelEx(&config, kernel, p);
+      if (e != cudaSuccess) {
+        last_error() = std::string("cooperative kernel launch: ") + cudaGetErrorString(e);
+        return 1;
+      }
+      return 0;
+    }
+#endif
     kernel<<<ctas, Tr::kThreads, smem, stream>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess) {

@@ -45,9 +45,10 @@ KNOBS = [
     ("-DFOSCAR_CTAS_INT4=4", "-DFOSCAR_PAIR_STAGES_INT4=4", "-DFOSCAR_CTAS_INT2=4"),
 ]
 TIMELINE = ("-DFOSCAR_TIMELINE=1", G128)
+COOP = ("-DFOSCAR_COOP_MERGE=1", G128)
 # Every build this file loads but the default, each for a case or two: g++ -O0 (it compiles in
 # about 40 % of -O1's time).
-LAB_BUILDS = [*KNOBS, TIMELINE]
+LAB_BUILDS = [*KNOBS, TIMELINE, COOP]
 LAB_OPT = 0
 
 
@@ -293,7 +294,8 @@ def test_split_counters_return_to_zero_between_launches():
         seed, config, lens, _, ratio = _case(bits, 128, "channel", "token", batch=2, ratio=4, max_len=900)
         q, cache = _data(config, lens, 2, ratio, seed)
         n = 2 * q.shape[1] * splits
-        ws = (torch.empty(n * 128), torch.empty(n * 2), torch.zeros(2 * cache.num_kv_heads, dtype=torch.int32))
+        # counters for (sequence, KV head), then as many sense words (FOSCAR_COOP_MERGE's)
+        ws = (torch.empty(n * 128), torch.empty(n * 2), torch.zeros(2 * 2 * cache.num_kv_heads, dtype=torch.int32))
         runs = []
         for launch in range(2):
             runs.append(emu.decode(q, cache, num_splits=splits, kv_heads_per_item=heads, num_sms=1, workspace=ws))
@@ -496,3 +498,32 @@ def test_a_group_size_the_build_leaves_out_is_refused_by_name():
         "group_size 32 is not built; expected 128 (this build has FOSCAR_ONLY_GROUP=128)")
     with pytest.raises(ValueError, match="opt_level=2 is not one the emulator builds with; expected 0 or 1"):
         emu.build(opt_level=2)
+
+
+@pytest.mark.parametrize("bits,heads,splits", [(4, 1, 2), (2, 1, 7), (4, 2, 7), (2, 2, 40), (4, 1, 64)])
+def test_cooperative_merge_shares_each_pairs_merge(bits, heads, splits):
+    # Lab knob FOSCAR_COOP_MERGE: with no more items than CTAs (all of them at once, as a
+    # cooperative launch runs them), every split's CTA waits for the last to count, then merges
+    # its slice of the pair's output. Slices that cross a column (7 splits), that leave CTAs
+    # without outputs (40 splits of 4 columns: 32 slices of 16) or hold 8 outputs (64); one head
+    # and paired. Two launches on one workspace: the counters back at zero, each used sense word
+    # flipped once a launch, the outputs equal; then items over CTAs (num_sms=1: the last CTA's
+    # merge) in the same build.
+    seed, config, _, _, ratio = _case(bits, 128, "channel", "token", batch=1, ratio=4)
+    lens = [899]  # 14 packed chunks: 40 and 64 splits hold empty ones
+    q, cache = _data(config, lens, 2, ratio, seed)
+    where = f"seed={seed} bits={bits} heads={heads} splits={splits}"
+    n = q.shape[1] * splits
+    ws = (torch.empty(n * 128), torch.empty(n * 2), torch.zeros(2 * cache.num_kv_heads, dtype=torch.int32))
+    runs = []
+    for launch in range(2):
+        runs.append(emu.decode(q, cache, num_splits=splits, kv_heads_per_item=heads, workspace=ws,
+                               defines=COOP, opt_level=LAB_OPT))
+        assert not ws[2][:2].any(), f"{where} launch={launch}: counters left at {ws[2].tolist()}"
+        flipped = [launch + 1] * 2 if heads == 1 else [launch + 1, 0]
+        assert ws[2][2:].tolist() == [f % 2 for f in flipped], f"{where} launch={launch}: {ws[2].tolist()}"
+    assert torch.equal(runs[0], runs[1]), where
+    for num_sms in (132, 1):
+        err = _error(q, cache, lens, num_splits=splits, kv_heads_per_item=heads, num_sms=num_sms,
+                     defines=COOP, opt_level=LAB_OPT)
+        assert err <= TOLERANCE, f"{where} num_sms={num_sms}: {err:.2e}"
