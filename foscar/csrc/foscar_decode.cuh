@@ -315,6 +315,12 @@ constexpr int decode_smem_bytes() {
 // ---------------------------------------------------------------------------------------
 // Work items: (sequence, KV head, split), the split a run of 64-token chunks; the last split
 // takes whatever remains, so a plan made before the cache grew stays correct.
+// FOSCAR_COOP_MERGE's launches (merge_together): a split merge to do, and every item on a CTA of
+// its own, all resident (the launcher launches them cooperatively).
+__host__ __device__ inline bool merge_together_launch(const DecodeParams& p, int ctas) {
+  return FOSCAR_COOP_MERGE && p.num_splits > 1 && p.num_items <= ctas;
+}
+
 struct WorkItem {
   int b, h, split;  // h: the item's first KV head (T::HP consecutive heads)
   int chunk_begin, chunk_end;  // packed chunks of this split
@@ -1268,11 +1274,9 @@ template <class T>
 __device__ void merge_splits(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
                              int sense0) {
   const int hq0 = w.h * p.ratio;
-#if FOSCAR_COOP_MERGE
-  if (p.num_items <= static_cast<int>(gridDim.x)) return merge_together<T>(p, s, L, w, hq0, sense0);
-#else
-  (void)sense0;
-#endif
+  if constexpr (FOSCAR_COOP_MERGE) {
+    if (merge_together_launch(p, gridDim.x)) return merge_together<T>(p, s, L, w, hq0, sense0);
+  }
   // The consumers' partials stores are ordered before thread 0's release by the barrier; its
   // acquire, when it counts last, before their reads of the other splits' partials by the next.
   named_barrier(kConsumerBarrier, kConsumerThreads);

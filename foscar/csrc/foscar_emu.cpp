@@ -174,9 +174,7 @@ struct EmuLaunch {
     // CTAs of a launch meet in global memory as they do on a GPU (the split merge's counters).
     const char* env = std::getenv("FOSCAR_EMU_CONCURRENT_CTAS");
     int slots = std::max(1, std::min(env ? std::atoi(env) : 1, a.num_ctas));
-#if FOSCAR_COOP_MERGE
-    if (p.num_items <= a.num_ctas && p.num_splits > 1) slots = a.num_ctas;  // a cooperative launch: all at once
-#endif
+    if (merge_together_launch(p, a.num_ctas)) slots = a.num_ctas;  // a cooperative launch: all at once
     std::vector<std::unique_ptr<foscar_emu::Cta>> ctas;
     for (int c = 0; c < slots; ++c)
       ctas.push_back(std::make_unique<foscar_emu::Cta>(threads, decode_smem_bytes<BITS, G, KCH, VCH, DEQ, HP, CTAS>()));

@@ -60,8 +60,7 @@ struct CudaLaunch {
     // foscar_ctas_per_sm(), and a lab build's kernel that holds fewer CTAs than the knob asks
     // (DecodeTraits) would otherwise run its last CTAs in a second wave.
     const int ctas = std::min(a.num_ctas, resident[a.device].load());
-#if FOSCAR_COOP_MERGE
-    if (p.num_items <= ctas && p.num_splits > 1) {
+    if (merge_together_launch(p, ctas)) {
       // The CTAs wait for each other in the split merge: a cooperative launch, which the driver
       // runs only with every CTA resident at once (or refuses).
       cudaLaunchConfig_t config = {};
@@ -78,7 +77,6 @@ struct CudaLaunch {
       }
       return 0;
     }
-#endif
     kernel<<<ctas, Tr::kThreads, smem, stream>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess) {
