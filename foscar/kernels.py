@@ -273,6 +273,7 @@ def unsupported_reason(num_q_heads: int, num_kv_heads: int, head_dim: int, confi
 # the set its decode was captured with, so a set outgrown is kept (_retired_workspaces), never
 # freed: a graph replayed after a larger decode still writes its own buffers.
 _workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+SENSE_STRIDE = 32  # words between two sense words (kSenseStride, foscar_decode.cuh): an L2 line each
 _retired_workspaces: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
 
@@ -547,9 +548,10 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         raise ValueError(f"timeline has {got}; expected a contiguous torch.int64 tensor of {timeline_entries(ctas)} "
                          f"elements ({ctas} CTAs x {TIMELINE_ITEMS} items x {len(TIMELINE_PHASES)} phases) on "
                          f"{q.device}.")
-    # The counters: one per (sequence, KV head), then as many sense words (lab knob FOSCAR_COOP_MERGE).
+    # The counters: one per (sequence, KV head), then a sense word each, SENSE_STRIDE words apart
+    # (lab knob FOSCAR_COOP_MERGE).
     ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
-                                      2 * batch * cache.num_kv_heads)
+                                      (1 + SENSE_STRIDE) * batch * cache.num_kv_heads)
     return _Args(
         q.data_ptr(), out.data_ptr(), cache.k_codes.data_ptr(), cache.v_codes.data_ptr(),
         cache.k_params.data_ptr(), cache.v_params.data_ptr(), cache.page_table.data_ptr(),

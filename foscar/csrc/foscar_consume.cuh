@@ -646,7 +646,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     int sense0 = 0;  // FOSCAR_COOP_MERGE: the pair's sense word, read here, awaited after the count
     if constexpr (FOSCAR_COOP_MERGE) {
       if (L.tid == 0 && merge_together_launch(p, gridDim.x))
-        sense0 = ld_relaxed_gpu(p.ws_count + (size_t)(p.batch + w.b) * p.num_kv_heads + w.h);
+        sense0 = ld_relaxed_gpu(sense_word(p, w.b, w.h));
     }
     if constexpr (T::kHasTail) {
       if (w.split == 0 && w.tail_len > 0) consume_tail<T>(p, s, L, w, sm, vs);

@@ -99,8 +99,8 @@ struct DecodeParams {
   const __nv_bfloat16* v_tail;
   float* ws_o;                  // [batch, num_q_heads, num_splits, D] (num_splits > 1 only)
   float* ws_ml;                 // [batch, num_q_heads, num_splits, 2]
-  int* ws_count;                // [2, batch, num_kv_heads]: splits done (0 between launches), then
-                                // FOSCAR_COOP_MERGE's sense words
+  int* ws_count;                // [batch, num_kv_heads] splits done (0 between launches), then
+                                // FOSCAR_COOP_MERGE's sense words (sense_word)
   int batch, num_q_heads, num_kv_heads, ratio;
   // KV heads per work item (kv_heads_per_item) and the real columns of S and O they fill:
   // cols = heads_per_item * ratio, column n the query head (first KV head) * ratio + n.
@@ -319,6 +319,12 @@ constexpr int decode_smem_bytes() {
 // its own, all resident (the launcher launches them cooperatively).
 __host__ __device__ inline bool merge_together_launch(const DecodeParams& p, int ctas) {
   return FOSCAR_COOP_MERGE && p.num_splits > 1 && p.num_items <= ctas;
+}
+// Its sense word of a (sequence, first KV head) pair, after the counters, 32 words (an L2 line)
+// apart: polls of one never meet another pair's, nor a counter's atomics (foscar.kernels.SENSE_STRIDE).
+constexpr int kSenseStride = 32;
+__host__ __device__ inline int* sense_word(const DecodeParams& p, int b, int h) {
+  return p.ws_count + (size_t)p.batch * p.num_kv_heads + ((size_t)b * p.num_kv_heads + h) * kSenseStride;
 }
 
 struct WorkItem {
@@ -1190,7 +1196,7 @@ __device__ void merge_together(const DecodeParams& p, SharedStorage<T>& s, const
     timeline_stamp<T>(p, w, kTlWritten);
     const size_t pair = (size_t)w.b * p.num_kv_heads + w.h;
     int* count = p.ws_count + pair;
-    int* sense = p.ws_count + (size_t)p.batch * p.num_kv_heads + pair;
+    int* sense = sense_word(p, w.b, w.h);
     if (atomic_add_acq_rel_gpu(count, 1) == S - 1) {
       *count = 0;  // every split has counted (the flip below orders it before the launch's end)
       st_release_gpu(sense, sense0 ^ 1);

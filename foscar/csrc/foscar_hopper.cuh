@@ -232,8 +232,9 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* counter, int v) {
 }
 
 // A flag at GPU scope (lab knob FOSCAR_COOP_MERGE's sense word): read with no ordering (before the
-// counter's release, which orders it), published with release, awaited with acquire. The wait
-// polls back to back: one thread, one load in flight, each an L2 round trip.
+// counter's release, which orders it), published with release, awaited with relaxed polls 100 ns
+// apart and one acquire fence once it changed (an acquiring load per poll, back to back, slowed
+// the other CTAs' counts and trips on an H100: docs/PERFORMANCE.md, thirty-seventh session).
 __device__ __forceinline__ int ld_relaxed_gpu(const int* flag) {
   int v;
   asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
@@ -243,9 +244,8 @@ __device__ __forceinline__ void st_release_gpu(int* flag, int v) {
   asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(flag), "r"(v) : "memory");
 }
 __device__ __forceinline__ void wait_until_changed_gpu(const int* flag, int old) {
-  int v;
-  do asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
-  while (v == old);
+  while (ld_relaxed_gpu(flag) == old) __nanosleep(100);
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
 
 // ---- register reallocation between warpgroups (the kernel has a register cap at entry)

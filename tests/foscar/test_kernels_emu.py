@@ -295,7 +295,8 @@ def test_split_counters_return_to_zero_between_launches():
         q, cache = _data(config, lens, 2, ratio, seed)
         n = 2 * q.shape[1] * splits
         # counters for (sequence, KV head), then as many sense words (FOSCAR_COOP_MERGE's)
-        ws = (torch.empty(n * 128), torch.empty(n * 2), torch.zeros(2 * 2 * cache.num_kv_heads, dtype=torch.int32))
+        ws = (torch.empty(n * 128), torch.empty(n * 2),
+              torch.zeros((1 + kernels.SENSE_STRIDE) * 2 * cache.num_kv_heads, dtype=torch.int32))
         runs = []
         for launch in range(2):
             runs.append(emu.decode(q, cache, num_splits=splits, kv_heads_per_item=heads, num_sms=1, workspace=ws))
@@ -514,14 +515,17 @@ def test_cooperative_merge_shares_each_pairs_merge(bits, heads, splits):
     q, cache = _data(config, lens, 2, ratio, seed)
     where = f"seed={seed} bits={bits} heads={heads} splits={splits}"
     n = q.shape[1] * splits
-    ws = (torch.empty(n * 128), torch.empty(n * 2), torch.zeros(2 * cache.num_kv_heads, dtype=torch.int32))
+    stride = kernels.SENSE_STRIDE
+    ws = (torch.empty(n * 128), torch.empty(n * 2), torch.zeros((1 + stride) * 2, dtype=torch.int32))
     runs = []
     for launch in range(2):
         runs.append(emu.decode(q, cache, num_splits=splits, kv_heads_per_item=heads, workspace=ws,
                                defines=COOP, opt_level=LAB_OPT))
         assert not ws[2][:2].any(), f"{where} launch={launch}: counters left at {ws[2].tolist()}"
         flipped = [launch + 1] * 2 if heads == 1 else [launch + 1, 0]
-        assert ws[2][2:].tolist() == [f % 2 for f in flipped], f"{where} launch={launch}: {ws[2].tolist()}"
+        sense = ws[2][2:].view(2, stride)  # a word each, an L2 line apart; the rest untouched
+        assert sense[:, 0].tolist() == [f % 2 for f in flipped], f"{where} launch={launch}: {sense.tolist()}"
+        assert not sense[:, 1:].any(), where
     assert torch.equal(runs[0], runs[1]), where
     for num_sms in (132, 1):
         err = _error(q, cache, lens, num_splits=splits, kv_heads_per_item=heads, num_sms=num_sms,
