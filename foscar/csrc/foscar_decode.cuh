@@ -1186,7 +1186,9 @@ __device__ __forceinline__ void merge_batched(const DecodeParams& p, const Lane&
 // threads a quad), loaded before the weights (one round trip for partials and (m, l) alike),
 // summed through shared memory. Its wait for the sense word (one L2 round trip after the last
 // count, on average) buys one SM's read of 4 cols x 128 x S bytes instead of S times as much.
-// `sense0` is the sense word as thread 0 read it before counting.
+// `sense0` is the sense word as thread 0 read it before counting. Measured on an H100 in its first
+// form (acquiring polls back to back, sense words beside the counters): 1.1-2.2 us slower at batch
+// 1-8, the polls slowing the last counts and trips (docs/PERFORMANCE.md, thirty-seventh session).
 template <class T>
 __device__ void merge_together(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
                                int hq0, int sense0) {
