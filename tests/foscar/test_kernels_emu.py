@@ -499,6 +499,10 @@ def test_a_group_size_the_build_leaves_out_is_refused_by_name():
         "group_size 32 is not built; expected 128 (this build has FOSCAR_ONLY_GROUP=128)")
     with pytest.raises(ValueError, match="opt_level=2 is not one the emulator builds with; expected 0 or 1"):
         emu.build(opt_level=2)
+    # The optimization level is part of a build's key: an -O0 build is never loaded as -O1's.
+    cxx, inc = emu.find_cxx(), emu.find_cuda_include()
+    assert emu._key(cxx, inc, TIMELINE, emu._flags(0)) != emu._key(cxx, inc, TIMELINE, emu._flags(1))
+    assert emu.build(TIMELINE, opt_level=LAB_OPT).parent.name == f"emu-{emu._key(cxx, inc, TIMELINE, emu._flags(LAB_OPT))}"
 
 
 @pytest.mark.parametrize("bits,heads,splits", [(4, 1, 2), (2, 1, 7), (4, 2, 7), (2, 2, 40), (4, 1, 64)])
