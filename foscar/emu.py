@@ -148,6 +148,6 @@ def decode(q: torch.Tensor, cache: QuantizedKVCache, *, sm_scale: float | None =
                                workspace=workspace_for, timeline=timeline)
     if lib.foscar_emu_decode(ctypes.byref(args)) != 0:
         raise RuntimeError(f"foscar.emu.decode: {lib.foscar_emu_last_error().decode()}")
-    if keep and keep[-1][: keep[-1].numel() // (1 + kernels.SENSE_STRIDE)].any():  # the counters, not the sense words
+    if keep and keep[-1][: q.shape[0] * cache.num_kv_heads].any():  # the counters (the sense words follow)
         raise RuntimeError("foscar.emu.decode: the split-KV arrival counters were not left at zero")
     return out

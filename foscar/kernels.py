@@ -273,8 +273,10 @@ def unsupported_reason(num_q_heads: int, num_kv_heads: int, head_dim: int, confi
 # the set its decode was captured with, so a set outgrown is kept (_retired_workspaces), never
 # freed: a graph replayed after a larger decode still writes its own buffers.
 _workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-SENSE_STRIDE = 32  # words between two sense words (kSenseStride, foscar_decode.cuh): an L2 line each
 _retired_workspaces: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+# After the counters, lab knob FOSCAR_COOP_MERGE's sense words, one per (sequence, KV head), this
+# many words apart (kSenseStride, foscar_decode.cuh): an L2 line each.
+SENSE_STRIDE = 32
 
 
 def _workspace(device: torch.device, n_o: int, n_ml: int, n_count: int):
@@ -527,9 +529,10 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
     library's foscar_ctas_per_sm_alt, and `second_instance` whether the planner may take it on
     the GPU named `gpu_name` (see resolve_plan; None: any width may).
 
-    `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the zeroed
-    arrival counters (the first half; the second, sense words, may hold anything); the struct holds raw pointers, so the caller keeps every tensor alive
-    until the launch has run. `timeline`: see decode().
+    `workspace(n_o, n_ml, n_count)` returns the split-KV partial buffers and the arrival
+    counters, zeroed (their first batch x num_kv_heads words; the sense words after them may hold
+    anything); the struct holds raw pointers, so the caller keeps every tensor alive until the
+    launch has run. `timeline`: see decode().
     """
     cfg = cache.config
     batch, num_q_heads, head_dim = q.shape
@@ -548,8 +551,6 @@ def launch_args(q: torch.Tensor, cache: QuantizedKVCache, out: torch.Tensor, *, 
         raise ValueError(f"timeline has {got}; expected a contiguous torch.int64 tensor of {timeline_entries(ctas)} "
                          f"elements ({ctas} CTAs x {TIMELINE_ITEMS} items x {len(TIMELINE_PHASES)} phases) on "
                          f"{q.device}.")
-    # The counters: one per (sequence, KV head), then a sense word each, SENSE_STRIDE words apart
-    # (lab knob FOSCAR_COOP_MERGE).
     ws_o, ws_ml, ws_count = workspace(batch * num_q_heads * splits * head_dim, batch * num_q_heads * splits * 2,
                                       (1 + SENSE_STRIDE) * batch * cache.num_kv_heads)
     return _Args(

@@ -514,11 +514,15 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
   const int hq0 = w.h * p.ratio, c = L.tid;
   // This warp's output of head 2t + hh (column 2t + hh) against the column's maximum over the
   // warps, into its slot of pass h0 in the merge buffer.
-  auto scale_into_merge = [&](int hh, int h0) {
-    const int hd = 2 * L.t + hh;
+  auto warps_max = [&](int hd) {  // column hd's maximum over the four warps
     float mx = kNegInf;
 #pragma unroll
     for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+    return mx;
+  };
+  auto scale_into_merge = [&](int hh, int h0) {
+    const int hd = 2 * L.t + hh;
+    const float mx = warps_max(hd);
     const float scale = sm.m[hh] == kNegInf ? 0.f : exp2f(sm.m[hh] - mx);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -548,9 +552,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
 #pragma unroll
         for (int i = 0; i < kN / 2; ++i) {
           const int hd = h0 + i;
-          float mx = kNegInf;
-#pragma unroll
-          for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+          const float mx = warps_max(hd);
           float o = 0.f, l = 0.f;
 #pragma unroll
           for (int ww = 0; ww < 4; ++ww) {
@@ -586,9 +588,7 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
       if (L.tid == 0 && h0 == 0) timeline_stamp<T>(p, w, kTlScaled);
       // Thread tid's channel of each column: against the maximum over the warps, summed.
       auto sum_column = [&](int hd) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int ww = 0; ww < 4; ++ww) mx = fmaxf(mx, s.red[ww][hd][0]);
+        const float mx = warps_max(hd);
         float o = 0.f, l = 0.f;
 #pragma unroll
         for (int ww = 0; ww < 4; ++ww) {

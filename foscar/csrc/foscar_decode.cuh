@@ -1100,6 +1100,15 @@ struct SStream {
   }
 };
 
+// The split merges' arithmetic: acc += wv x, and four sums as four bf16 at dst (8 bytes).
+__device__ __forceinline__ void add_weighted(float4& acc, float wv, const float4& x) {
+  acc.x = fmaf(wv, x.x, acc.x), acc.y = fmaf(wv, x.y, acc.y);
+  acc.z = fmaf(wv, x.z, acc.z), acc.w = fmaf(wv, x.w, acc.w);
+}
+__device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, const float4& v) {
+  *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+}
+
 // One column's weights from its splits' (m, l) pairs, lane l holding those of splits l, l + 32, ..
 // in v: wc[i] = exp2(m - max) / denominator for split i < n (0 for a split with no token).
 __device__ __forceinline__ void weigh_splits(const float2 (&v)[4], const Lane& L, float* wc, int n) {
@@ -1163,17 +1172,14 @@ __device__ __forceinline__ void merge_batched(const DecodeParams& p, const Lane&
     for (int sp0 = 0;;) {
 #pragma unroll
       for (int k = 0; k < T::kMergeBatch; ++k) {
-        const float wv = sp0 + k < S ? wc[sp0 + k] : 0.f;
-        acc.x = fmaf(wv, o[k].x, acc.x), acc.y = fmaf(wv, o[k].y, acc.y);
-        acc.z = fmaf(wv, o[k].z, acc.z), acc.w = fmaf(wv, o[k].w, acc.w);
+        add_weighted(acc, sp0 + k < S ? wc[sp0 + k] : 0.f, o[k]);
       }
       sp0 += T::kMergeBatch;
       if (sp0 >= S) break;
 #pragma unroll
       for (int k = 0; k < T::kMergeBatch; ++k) o[k] = sp0 + k < S ? __ldcg(src + (size_t)(sp0 + k) * (kD / 4)) : zero;
     }
-    *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
-        make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
+    store_bf16x4(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch, acc);
   }
 }
 
@@ -1250,16 +1256,9 @@ __device__ void merge_together(const DecodeParams& p, SharedStorage<T>& s, const
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       const int sp = r + k * per_quad;
-      const float wv = sp < S ? wc[sp] : 0.f;
-      acc.x = fmaf(wv, o[k].x, acc.x), acc.y = fmaf(wv, o[k].y, acc.y);
-      acc.z = fmaf(wv, o[k].z, acc.z), acc.w = fmaf(wv, o[k].w, acc.w);
+      add_weighted(acc, sp < S ? wc[sp] : 0.f, o[k]);
     }
-    for (int sp = r + kLoads * per_quad; sp < S; sp += per_quad) {
-      const float4 x = __ldcg(src + (size_t)sp * (kD / 4));
-      const float wv = wc[sp];
-      acc.x = fmaf(wv, x.x, acc.x), acc.y = fmaf(wv, x.y, acc.y);
-      acc.z = fmaf(wv, x.z, acc.z), acc.w = fmaf(wv, x.w, acc.w);
-    }
+    for (int sp = r + kLoads * per_quad; sp < S; sp += per_quad) add_weighted(acc, wc[sp], __ldcg(src + (size_t)sp * (kD / 4)));
     if (r > 0) red[(r - 1) * quads + q] = acc;
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);  // the threads' sums, before the quads' owners read them
@@ -1268,8 +1267,7 @@ __device__ void merge_together(const DecodeParams& p, SharedStorage<T>& s, const
       const float4 x = red[(rr - 1) * quads + q];
       acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
     }
-    *reinterpret_cast<uint2*>(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch) =
-        make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
+    store_bf16x4(p.o + ((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + ch, acc);
   }
   named_barrier(kConsumerBarrier, kConsumerThreads);  // s.merge is read out before the next item
   if (L.tid == 0) timeline_stamp<T>(p, w, kTlMerged);

@@ -251,8 +251,9 @@ inline int min(int a, int b) { return std::min(a, b); }
 inline int max(int a, int b) { return std::max(a, b); }
 
 inline void __syncthreads() { ::foscar_emu::tls().cta->bar.arrive_and_wait(); }
-// CTAs run one after another here, or a few at once (foscar_emu.cpp): the split counter's atomic
-// is real, with the ordering it has on the GPU (foscar_hopper.cuh).
+// CTAs run one after another here, a few at once, or all of a cooperative launch at once
+// (foscar_emu.cpp): the split counter's atomic and the sense word are real, with the ordering
+// they have on the GPU (foscar_hopper.cuh).
 namespace foscar {
 inline int atomic_add_acq_rel_gpu(int* counter, int v) { return __atomic_fetch_add(counter, v, __ATOMIC_ACQ_REL); }
 inline int ld_relaxed_gpu(const int* flag) { return __atomic_load_n(flag, __ATOMIC_RELAXED); }
