@@ -149,6 +149,7 @@ struct WarpSoftmax {
 // per-warp consumer accumulates and the softmax rescales. add_real() adds values in output units
 // (the BF16 tail's products).
 struct WarpOut {
+  static constexpr bool kWarpgroupPv = false;  // PV per warp on mma.sync (VFoldTokenWg: on wgmma)
   float out[8][4];
   __device__ __forceinline__ void reset_out() {
 #pragma unroll
@@ -353,41 +354,41 @@ struct VDequant : WarpOut {
   __device__ __forceinline__ void finish(SharedStorage<T>&, const Lane&) {}
 };
 
-// Policies per (K mode, V mode, ablation).
+// The BF16 tail's rows of an item (channel-wise caches, split 0): K, V and bf16 q straight from
+// global and shared memory, and one warp's scores of a 64-token piece on mma.sync (16 tokens of
+// the warp, each head's k-steps against its own B tiles, chained in one accumulator).
 template <class T>
-using KSideOf = typename std::conditional<T::DEQ, KDequant<T>,
-                                          typename std::conditional<T::KCH, KFoldChannel<T>, KTokenSide<T>>::type>::type;
-template <class T>
-using VSideOf = typename std::conditional<T::DEQ, VDequant<T>,
-                                          typename std::conditional<T::VCH, VFoldChannel<T>, VFoldToken<T>>::type>::type;
-
-// The BF16 tail (channel-wise caches), split 0, per warp: 16 tokens of each 64-token piece on
-// mma.sync, bf16 operands straight from global memory, the warp's own softmax and output; with
-// two KV heads per item each head's k-steps against its own B tiles (S) and P columns (PV),
-// chained in one accumulator as in the main loop.
-template <class T, class VSide>
-__device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
-                                  WarpSoftmax& sm, VSide& vs) {
+struct TailRows {
+  const DecodeParams& p;
+  const SharedStorage<T>& s;
+  const Lane& L;
+  const WorkItem& w;
   const __nv_bfloat16* kt_rows[T::HP];
   const __nv_bfloat16* vt_rows[T::HP];
+
+  __device__ __forceinline__ TailRows(const DecodeParams& p_, const SharedStorage<T>& s_, const Lane& L_,
+                                      const WorkItem& w_)
+      : p(p_), s(s_), L(L_), w(w_) {
 #pragma unroll
-  for (int hp = 0; hp < T::HP; ++hp) {
-    const size_t base = ((size_t)w.b * p.num_kv_heads + w.h + hp) * T::G * kD;
-    kt_rows[hp] = p.k_tail + base, vt_rows[hp] = p.v_tail + base;
+    for (int hp = 0; hp < T::HP; ++hp) {
+      const size_t base = ((size_t)w.b * p.num_kv_heads + w.h + hp) * T::G * kD;
+      kt_rows[hp] = p.k_tail + base, vt_rows[hp] = p.v_tail + base;
+    }
   }
-  auto k_pair = [&](int hp, int tok, int c) -> uint32_t {
+  __device__ __forceinline__ uint32_t k_pair(int hp, int tok, int c) const {
     return tok < w.tail_len ? *reinterpret_cast<const uint32_t*>(kt_rows[hp] + (size_t)tok * kD + c) : 0u;
-  };
-  auto v_pair = [&](int hp, int tok, int c) -> uint32_t {  // channel c of tokens tok, tok + 1
+  }
+  __device__ __forceinline__ uint32_t v_pair(int hp, int tok, int c) const {  // channel c of tokens tok, tok + 1
     const uint32_t lo = tok < w.tail_len ? *reinterpret_cast<const uint16_t*>(vt_rows[hp] + (size_t)tok * kD + c) : 0u;
     const uint32_t hi =
         tok + 1 < w.tail_len ? *reinterpret_cast<const uint16_t*>(vt_rows[hp] + (size_t)(tok + 1) * kD + c) : 0u;
     return lo | (hi << 16);
-  };
-  auto b_frag = [&](int hp, int kt, int hi) -> uint32_t {
+  }
+  __device__ __forceinline__ uint32_t b_frag(int hp, int kt, int hi) const {
     return *reinterpret_cast<const uint32_t*>(s.qt_tile[hp][kt] + b_tile_offset(2 * L.t + 8 * hi, L.g));
-  };
-  for (int t0 = 0; t0 < w.tail_len; t0 += kChunk) {
+  }
+  // Log2-domain scores of the warp's tokens of the piece at t0, -inf past the tail.
+  __device__ __forceinline__ void scores(int t0, float (&x)[4]) const {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const int r0 = t0 + 16 * L.warp + L.g;
 #pragma unroll
@@ -398,9 +399,20 @@ __device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const L
         mma_bf16_16816(acc, k_pair(hp, r0, c), k_pair(hp, r0 + 8, c), k_pair(hp, r0, c + 8), k_pair(hp, r0 + 8, c + 8),
                        b_frag(hp, kt, 0), b_frag(hp, kt, 1));
       }
-    float x[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) x[e] = t0 + L.token(e) < w.tail_len ? acc[e] * p.sm_scale_log2 : kNegInf;
+  }
+};
+
+// The BF16 tail, per warp: the scores (TailRows), the warp's own softmax and output; with two KV
+// heads per item each head's V against its own P columns (PV), chained as in the main loop.
+template <class T, class VSide>
+__device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                                  WarpSoftmax& sm, VSide& vs) {
+  const TailRows<T> rows(p, s, L, w);
+  for (int t0 = 0; t0 < w.tail_len; t0 += kChunk) {
+    float x[4];
+    rows.scores(t0, x);
     float alpha[2];
     if (sm.update(s, L, x, alpha)) vs.rescale(alpha);
     float pr[4];
@@ -415,8 +427,8 @@ __device__ void consume_tail(const DecodeParams& p, SharedStorage<T>& s, const L
       float raw[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int hp = 0; hp < T::HP; ++hp)
-        mma_bf16_16816(raw, v_pair(hp, tk, ch), v_pair(hp, tk, ch + 8), v_pair(hp, tk + 8, ch), v_pair(hp, tk + 8, ch + 8),
-                       b[hp][0], b[hp][1]);
+        mma_bf16_16816(raw, rows.v_pair(hp, tk, ch), rows.v_pair(hp, tk, ch + 8), rows.v_pair(hp, tk + 8, ch),
+                       rows.v_pair(hp, tk + 8, ch + 8), b[hp][0], b[hp][1]);
       vs.add_real(j, raw);
     }
   }
@@ -616,20 +628,35 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
   merge_splits<T>(p, s, L, w, sense0);
 }
 
+}  // namespace foscar
+
+#include "foscar_pv_wgmma.cuh"
+
+namespace foscar {
+
 // The consumer warpgroup: the items of this CTA, chunk by chunk.
 template <class T, class KSide, class VSide>
 __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
   const Lane L(threadIdx.x - 128, p.ratio, T::HP);
+  constexpr bool kWg = VSide::kWarpgroupPv;  // FOSCAR_PV_WGMMA (foscar_pv_wgmma.cuh)
+  using Softmax = typename std::conditional<kWg, WgSoftmax, WarpSoftmax>::type;
+  const int g_head = T::HP == 1 ? 0 : L.g >= p.ratio;  // the KV head of column g (kWg's P~ tiles)
+  if constexpr (kWg) clear_pv_tiles(s, L);
   RingCursor<T> ring;  // the current trip's stages
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
     KSide ks;
     VSide vs;
-    WarpSoftmax sm;
+    Softmax sm;
     SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
     begin_item<T>(p, s, L, w, item, ks, vs, ss, ring);
     // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it.
-    auto trip = [&](int c) { run_trip(s, L, ss, ks, vs, sm, c, w.chunk_end); };
+    auto trip = [&](int c) {
+      if constexpr (kWg)
+        run_trip_wg(s, L, ss, ks, vs, sm, c, w.chunk_end, g_head);
+      else
+        run_trip(s, L, ss, ks, vs, sm, c, w.chunk_end);
+    };
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) {
 #if FOSCAR_TIMELINE
       if (L.tid == 0) {  // how far the item has come (a CTA's rate changes as its SM's others end)
@@ -649,10 +676,27 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
         sense0 = ld_relaxed_gpu(sense_word(p, w.b, w.h));
     }
     if constexpr (T::kHasTail) {
-      if (w.split == 0 && w.tail_len > 0) consume_tail<T>(p, s, L, w, sm, vs);
+      if (w.split == 0 && w.tail_len > 0) {
+        if constexpr (kWg)
+          consume_tail_wg<T>(p, s, L, w, sm, vs, g_head);
+        else
+          consume_tail<T>(p, s, L, w, sm, vs);
+      }
     }
-    finish_item<T>(p, s, L, w, sm, vs, sense0);
+    if constexpr (kWg)
+      finish_item_wg<T>(p, s, L, w, sm, vs, sense0);
+    else
+      finish_item<T>(p, s, L, w, sm, vs, sense0);
   }
 }
+
+// Policies per (K mode, V mode, ablation).
+template <class T>
+using KSideOf = typename std::conditional<T::DEQ, KDequant<T>,
+                                          typename std::conditional<T::KCH, KFoldChannel<T>, KTokenSide<T>>::type>::type;
+template <class T>
+using VSideOf = typename std::conditional<T::DEQ, VDequant<T>,
+                                          typename std::conditional<T::VCH, VFoldChannel<T>,
+                                                                   typename std::conditional<T::kPvWgmma, VFoldTokenWg<T>, VFoldToken<T>>::type>::type>::type;
 
 }  // namespace foscar
