@@ -455,14 +455,10 @@ __device__ __forceinline__ void begin_item(const DecodeParams& p, SharedStorage<
 template <class T, class KSide, class VSide>
 __device__ __forceinline__ void run_trip(SharedStorage<T>& s, const Lane& L, SStream<T, KSide>& ss, KSide& ks,
                                          VSide& vs, WarpSoftmax& sm, int c, int chunk_end) {
-  // This trip's stages: V of chunk c (codes, parameters) and K of chunk c + 1.
+  // This trip's stages hold V of chunk c (codes, parameters) and K of chunk c + 1.
   const uint8_t* v_blk[T::HP];
   const uint8_t* v_par[T::HP];
-#pragma unroll
-  for (int hp = 0; hp < T::HP; ++hp) {
-    v_blk[hp] = ss.stage(hp) + T::kCodeBytes;
-    v_par[hp] = ss.stage(hp) + 2 * T::kCodeBytes + T::kKParamBytes;
-  }
+  ss.v_of_trip(v_blk, v_par);
   const int tok0 = c * kChunk;
   const bool last = c == chunk_end - 1;
   const bool group_ends = last || (tok0 + kChunk) % T::G == 0;
@@ -506,6 +502,32 @@ __device__ __forceinline__ void run_trip(SharedStorage<T>& s, const Lane& L, SSt
 __device__ __forceinline__ bool direct_output(const DecodeParams& p) { return p.num_splits == 1; }
 __device__ __forceinline__ size_t partial_row(const DecodeParams& p, const WorkItem& w, int hq0, int hd) {
   return ((size_t)w.b * p.num_q_heads + hq0 + hd) * p.num_splits + w.split;
+}
+
+// Channel c of column hd's output (o / l, one split) or of this split's partials (o, and the
+// column's (m, l) once).
+__device__ __forceinline__ void store_column(const DecodeParams& p, const WorkItem& w, int hq0, int hd, int c, float o,
+                                             float m, float l) {
+  if (direct_output(p)) {
+    p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
+  } else {
+    const size_t row = partial_row(p, w, hq0, hd);
+    p.ws_o[row * kD + c] = o;
+    if (c == 0) p.ws_ml[row * 2] = m, p.ws_ml[row * 2 + 1] = l;
+  }
+}
+// An item's end once its stores are issued: the barrier before the next item's use of the
+// exchange buffers, or, with splits, the count and the merge of the last to arrive.
+template <class T>
+__device__ __forceinline__ void end_item(const DecodeParams& p, SharedStorage<T>& s, const Lane& L, const WorkItem& w,
+                                         int sense0) {
+  if (L.tid == 0) timeline_stamp<T>(p, w, kTlStored);  // thread 0's stores issued (the others' may trail)
+  if (direct_output(p)) {
+    named_barrier(kConsumerBarrier, kConsumerThreads);  // s.red and s.merge are read out before the next item
+    if (L.tid == 0) timeline_stamp<T>(p, w, kTlWritten);
+    return;
+  }
+  merge_splits<T>(p, s, L, w, sense0);
 }
 
 // The end of an item: each warp's (m, l, O) merged through shared memory, then the output or
@@ -608,24 +630,12 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
           const float m = s.red[ww][hd][0];
           if (m != kNegInf) l += exp2f(m - mx) * s.red[ww][hd][1];
         }
-        if (direct_output(p)) {
-          p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
-        } else {
-          const size_t row = partial_row(p, w, hq0, hd);
-          p.ws_o[row * kD + c] = o;
-          if (c == 0) p.ws_ml[row * 2] = mx, p.ws_ml[row * 2 + 1] = l;
-        }
+        store_column(p, w, hq0, hd, c, o, mx, l);
       };
       for (int hd = h0; hd < min(p.cols, h0 + kN / 2); ++hd) sum_column(hd);
     }
   }
-  if (L.tid == 0) timeline_stamp<T>(p, w, kTlStored);  // thread 0's stores issued (the others' may trail)
-  if (direct_output(p)) {
-    named_barrier(kConsumerBarrier, kConsumerThreads);  // s.red and s.merge are read out before the next item
-    if (L.tid == 0) timeline_stamp<T>(p, w, kTlWritten);
-    return;
-  }
-  merge_splits<T>(p, s, L, w, sense0);
+  end_item<T>(p, s, L, w, sense0);
 }
 
 }  // namespace foscar

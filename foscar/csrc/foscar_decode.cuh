@@ -1048,6 +1048,14 @@ struct SStream {
 
   // Head hp's stage of the current trip.
   __device__ __forceinline__ const uint8_t* stage(int hp = 0) const { return s.ring[ring.slot_of(hp)]; }
+  // Each head's V codes and V parameters in the current trip's stages (those of chunk c in trip c).
+  __device__ __forceinline__ void v_of_trip(const uint8_t* (&blk)[T::HP], const uint8_t* (&par)[T::HP]) const {
+#pragma unroll
+    for (int hp = 0; hp < T::HP; ++hp) {
+      blk[hp] = stage(hp) + T::kCodeBytes;
+      par[hp] = stage(hp) + 2 * T::kCodeBytes + T::kKParamBytes;
+    }
+  }
   __device__ __forceinline__ void wait() const {
 #pragma unroll
     for (int hp = 0; hp < T::HP; ++hp) mbar_wait(&s.full[ring.slot_of(hp)], ring.phase_of(hp));

@@ -174,11 +174,7 @@ __device__ __forceinline__ void run_trip_wg(SharedStorage<T>& s, const Lane& L, 
                                             VSide& vs, WgSoftmax& sm, int c, int chunk_end, int g_head) {
   const uint8_t* v_blk[T::HP];
   const uint8_t* v_par[T::HP];
-#pragma unroll
-  for (int hp = 0; hp < T::HP; ++hp) {
-    v_blk[hp] = ss.stage(hp) + T::kCodeBytes;
-    v_par[hp] = ss.stage(hp) + 2 * T::kCodeBytes + T::kKParamBytes;
-  }
+  ss.v_of_trip(v_blk, v_par);
   const bool last = c == chunk_end - 1;
   const int par = c & 1;  // a tile is rewritten two trips on, after every warp's wait of its products
 
@@ -279,22 +275,9 @@ __device__ void finish_item_wg(const DecodeParams& p, SharedStorage<T>& s, const
     float off = 0.f, l = 0.f;
 #pragma unroll
     for (int ww = 0; ww < 4; ++ww) off += s.red[ww][hd][0], l += s.red[ww][hd][1];
-    const float o = merged[hd * kD + c] + off;
-    if (direct_output(p)) {
-      p.o[((size_t)w.b * p.num_q_heads + hq0 + hd) * kD + c] = __float2bfloat16(o / l);
-    } else {
-      const size_t row = partial_row(p, w, hq0, hd);
-      p.ws_o[row * kD + c] = o;
-      if (c == 0) p.ws_ml[row * 2] = s.pv.m[hd], p.ws_ml[row * 2 + 1] = l;
-    }
+    store_column(p, w, hq0, hd, c, merged[hd * kD + c] + off, s.pv.m[hd], l);
   }
-  if (L.tid == 0) timeline_stamp<T>(p, w, kTlStored);
-  if (direct_output(p)) {
-    named_barrier(kConsumerBarrier, kConsumerThreads);  // s.red and s.merge are read out before the next item
-    if (L.tid == 0) timeline_stamp<T>(p, w, kTlWritten);
-    return;
-  }
-  merge_splits<T>(p, s, L, w, sense0);
+  end_item<T>(p, s, L, w, sense0);
 }
 
 }  // namespace foscar
