@@ -195,9 +195,10 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_COOP_MERGE
 #define FOSCAR_COOP_MERGE 0
 #endif
-// Lab: PV on wgmma in the paired kernels with token-wise V in groups of 128 (foscar_pv_wgmma.cuh):
-// the warpgroup's V^T from registers against P~^T in shared memory, one softmax maximum shared
-// by the four warps, instead of each warp's own softmax and mma.sync.
+// Lab: PV on wgmma in the kernels with token-wise V in groups of 128 (foscar_pv_wgmma.cuh), the
+// paired ones (1) or the one-head ones too (2): the warpgroup's V^T from registers against P~^T in
+// shared memory, one softmax maximum shared by the four warps, instead of each warp's own softmax
+// and mma.sync.
 #ifndef FOSCAR_PV_WGMMA
 #define FOSCAR_PV_WGMMA 0
 #endif
@@ -210,7 +211,7 @@ struct DecodeShape {
   static constexpr int HP = HP_;  // KV heads per item (1, or 2 paired: kv_heads_per_item)
   static_assert(HP == 1 || HP == 2, "an item holds one KV head or a pair");
   // FOSCAR_PV_WGMMA's kernels: one B tile of P~ per k-step needs one V scale per token.
-  static constexpr bool kPvWgmma = FOSCAR_PV_WGMMA && HP == 2 && !VCH && !DEQ && G == 128;
+  static constexpr bool kPvWgmma = (FOSCAR_PV_WGMMA >= 2 || (FOSCAR_PV_WGMMA == 1 && HP == 2)) && !VCH && !DEQ && G == 128;
   static constexpr int kCodeBytes = kChunk * kD * BITS / 8;     // one tensor's codes of one chunk
   static constexpr int kGroupsD = kD / G;                        // channel groups (token-wise modes)
   static constexpr int kGroupsT = G >= kChunk ? 1 : kChunk / G;  // token groups in a chunk (channel-wise)

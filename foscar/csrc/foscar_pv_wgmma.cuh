@@ -1,4 +1,5 @@
-// Lab knob FOSCAR_PV_WGMMA: PV on wgmma in the paired kernels with token-wise V in groups of 128.
+// Lab knob FOSCAR_PV_WGMMA: PV on wgmma in the kernels with token-wise V in groups of 128, the
+// paired ones (FOSCAR_PV_WGMMA=1) or every one (2).
 //
 // The per-warp consumer (foscar_consume.cuh) runs each warp's PV on mma.sync: 16 HMMA a paired
 // trip, issued by the warp and waited on by it (a sixth of INT2's stall samples at batch 128 wait
