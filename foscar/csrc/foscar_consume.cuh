@@ -651,7 +651,6 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
   constexpr bool kWg = VSide::kWarpgroupPv;  // FOSCAR_PV_WGMMA (foscar_pv_wgmma.cuh)
   using Softmax = typename std::conditional<kWg, WgSoftmax, WarpSoftmax>::type;
   const int g_head = T::HP == 1 ? 0 : L.g >= p.ratio;  // the KV head of column g (kWg's P~ tiles)
-  if constexpr (kWg) clear_pv_tiles(s, L);
   RingCursor<T> ring;  // the current trip's stages
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
@@ -659,6 +658,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     VSide vs;
     Softmax sm;
     SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
+    if constexpr (kWg) clear_pv_tiles(s, L, g_head);
     begin_item<T>(p, s, L, w, item, ks, vs, ss, ring);
     // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it.
     auto trip = [&](int c) {

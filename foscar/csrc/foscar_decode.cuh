@@ -245,16 +245,16 @@ struct DecodeShape {
 };
 
 // ---------------------------------------------------------------------------------------
-// FOSCAR_PV_WGMMA's B operands of PV: P~^T per trip parity, KV head of the item and k-step (warp w's
-// 16 tokens), head hp's tile zero in the other head's columns (written once, at the CTA's start);
-// and each column's running maximum for the item's stores.
+// FOSCAR_PV_WGMMA's B operands of PV, P~^T per trip parity, KV head of the item and k-step (warp w's
+// 16 tokens), live in the merge buffer (unused while trips run, so the kernels keep their CTAs an
+// SM); here each column's running maximum for the item's stores.
 template <int HP>
 struct PvTiles {
-  alignas(128) uint8_t tile[2][HP][4][kBTileBytes];
   float m[kN];
 };
 template <>
 struct PvTiles<0> {};
+constexpr int kPvTileBytes = 2 * 2 * 4 * kBTileBytes;  // parities x heads x k-steps
 
 // Shared memory, one typed struct: the ring, the B operands, the query, exchange slots.
 template <class T>

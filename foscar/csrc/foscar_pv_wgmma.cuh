@@ -33,16 +33,24 @@ struct WgSoftmax {
 #pragma unroll
     for (int e = 0; e < 4; ++e) pr[e] = exp2f(x[e] - ref[e & 1]);
   }
-  // The chunk's probabilities pr against the shared maximum, handed to stage(pr), which writes
-  // them as B tiles and fences them for the async proxy. One barrier publishes them and tells
-  // whether any thread's scores passed the maximum; if so, the warps' maxima meet in shared
-  // memory, the state is rescaled (rescale(alpha)) and P staged again. Returns with P published.
-  template <class T, class Stage, class Rescale>
-  __device__ __forceinline__ void settle(SharedStorage<T>& s, const Lane& L, const float (&x)[4], float (&pr)[4],
-                                         Stage&& stage, Rescale&& rescale) {
-    const bool over = x[0] > m[0] || x[2] > m[0] || x[1] > m[1] || x[3] > m[1];
+  // The chunk's probabilities against the shared maximum, handed to st(pr), which writes them as
+  // B tiles and fences them for the async proxy; ls their sums per column. Returns whether any of
+  // this thread's scores passed the maximum (publish() settles that).
+  template <class Stage>
+  __device__ __forceinline__ bool stage(const float (&x)[4], float (&ls)[2], Stage&& st) const {
+    float pr[4];
     probabilities(x, pr);
-    stage(pr);
+    st(pr);
+    ls[0] = pr[0] + pr[2], ls[1] = pr[1] + pr[3];
+    return x[0] > m[0] || x[2] > m[0] || x[1] > m[1] || x[3] > m[1];
+  }
+  // One barrier publishes the staged P and tells whether any thread's scores passed the maximum;
+  // if so, the warps' maxima meet in shared memory, the state is rescaled (rescale(alpha)) and P
+  // staged again. Returns with P published and l summed. The trip calls it just before its first
+  // wgmma, where the warpgroup meets anyway, with the next S's and this PV's operands built.
+  template <class T, class Stage, class Rescale>
+  __device__ __forceinline__ void publish(SharedStorage<T>& s, const Lane& L, const float (&x)[4], bool over,
+                                          float (&ls)[2], Stage&& st, Rescale&& rescale) {
     if (named_barrier_any(kConsumerBarrier, kConsumerThreads, over)) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -62,33 +70,54 @@ struct WgSoftmax {
         l[hh] *= alpha[hh];
       }
       rescale(alpha);
-      probabilities(x, pr);
-      stage(pr);
+      stage(x, ls, st);
       named_barrier(kConsumerBarrier, kConsumerThreads);  // P published; s.red read out
     }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) l[e & 1] += pr[e];
+    l[0] += ls[0], l[1] += ls[1];
+  }
+  // stage() and publish() at once (the BF16 tail's pieces).
+  template <class T, class Stage, class Rescale>
+  __device__ __forceinline__ void settle(SharedStorage<T>& s, const Lane& L, const float (&x)[4], Stage&& st,
+                                         Rescale&& rescale) {
+    float ls[2];
+    const bool over = stage(x, ls, st);
+    publish(s, L, x, over, ls, st, rescale);
   }
 };
 
 // Writes this warp's k-step of P^T into the B tile of its columns' KV head: pk[r] holds token g + 8 r
 // of columns 2t, 2t + 1; transposed, this thread holds tokens 8 r + 2t, + 1 of column g.
+// The B tile of k-step kt of the P~ of KV head hp, trip parity par, in the merge buffer.
+template <class T>
+__device__ __forceinline__ uint8_t* p_tile(SharedStorage<T>& s, int par, int hp, int kt) {
+  static_assert(sizeof(s.merge) >= kPvTileBytes, "the merge buffer holds the P~ tiles");
+  return reinterpret_cast<uint8_t*>(&s.merge[0][0][0]) + ((par * T::HP + hp) * 4 + kt) * kBTileBytes;
+}
+
 template <class T>
 __device__ __forceinline__ void store_p_tile(SharedStorage<T>& s, const Lane& L, const uint32_t (&pk)[2], int par,
                                              int g_head) {
-  uint8_t* tile = s.pv.tile[par][g_head][L.warp];
+  uint8_t* tile = p_tile(s, par, g_head, L.warp);
 #pragma unroll
   for (int r = 0; r < 2; ++r) *reinterpret_cast<uint32_t*>(tile + b_tile_offset(8 * r + 2 * L.t, L.g)) = movmatrix_trans(pk[r]);
   fence_proxy_async_smem();
 }
 
-// The P~ tiles zeroed once per CTA (every column's slot; each thread then writes only its
-// column's head's tiles, so the other head's stay zero).
+// At an item's start, each thread's slots of the P~ tiles zeroed in the other heads' tiles, both
+// parities: the slots it writes P~ into in its own column's head's tiles (tokens 8 r + 2t, + 1 of
+// column g, k-step w), so every slot has one owner and no barrier is needed; the finish and the
+// split merge reuse the buffer between items.
 template <class T>
-__device__ __forceinline__ void clear_pv_tiles(SharedStorage<T>& s, const Lane& L) {
-  uint4* z = reinterpret_cast<uint4*>(&s.pv.tile[0][0][0][0]);
-  for (int i = L.tid; i < static_cast<int>(sizeof(s.pv.tile) / 16); i += kConsumerThreads) z[i] = make_uint4(0u, 0u, 0u, 0u);
-  fence_proxy_async_smem();  // the first trip's barrier publishes them
+__device__ __forceinline__ void clear_pv_tiles(SharedStorage<T>& s, const Lane& L, int g_head) {
+#pragma unroll
+  for (int par = 0; par < 2; ++par)
+#pragma unroll
+    for (int hp = 0; hp < T::HP; ++hp) {
+      if (hp == g_head) continue;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<uint32_t*>(p_tile(s, par, hp, L.warp) + b_tile_offset(8 * r + 2 * L.t, L.g)) = 0u;
+    }
 }
 
 template <class T>
@@ -102,35 +131,32 @@ struct VFoldTokenWg {
   float out[2][4];      // m64 tile i, element e: channel L.channel(i, e), column 2t + (e & 1)
   float raw[2][4];      // this trip's product
   float off[2];         // this thread's partial offsets per column
-  float zs[2];          // z / s of this thread's tokens g, g + 8 (its columns' head)
-  uint32_t pk[2];       // this chunk's P~, tokens g + 8 r, columns 2t, 2t + 1
+  float offd[2];        // the staged P~'s offsets per column, sum p~ z / s over this thread's tokens
   uint32_t a[2][4][4];  // one head's V operands: m64 tile i, k-step kt
 
   __device__ __forceinline__ void reset() {
     zero_accumulators(out);
     off[0] = off[1] = 0.f;
   }
-  // P~ of the warp's 16 tokens (each column by its own KV head's scales) into the tiles of parity par.
+  // P~ of the warp's 16 tokens (each column by its own KV head's scales) into the tiles of parity par,
+  // and its offsets (offd, added by commit_p once P is final).
   __device__ __forceinline__ void stage_p(SharedStorage<T>& s, const Lane& L, const uint8_t* const (&v_par)[T::HP],
                                           const float (&pr)[4], int par, int g_head) {
     const __half2* sz2 = reinterpret_cast<const __half2*>(of_head(v_par, L.hp));
+    uint32_t pk[2];  // tokens g + 8 r, columns 2t, 2t + 1
+    offd[0] = offd[1] = 0.f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float2 sz = __half22float2(sz2[L.token(2 * r)]);
-      zs[r] = sz.y / sz.x;  // the scale is never 0 (docs/FORMAT.md)
+      const float zs = sz.y / sz.x;  // the scale is never 0 (docs/FORMAT.md)
       pk[r] = pack_f16x2(pr[2 * r] * sz.x, pr[2 * r + 1] * sz.x);
+      const float2 pt = unpack_f16x2(pk[r]);
+      offd[0] = fmaf(pt.x, zs, offd[0]);
+      offd[1] = fmaf(pt.y, zs, offd[1]);
     }
     store_p_tile(s, L, pk, par, g_head);
   }
-  // The staged P~'s offsets, once P is final.
-  __device__ __forceinline__ void commit_p() {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float2 pt = unpack_f16x2(pk[r]);
-      off[0] = fmaf(pt.x, zs[r], off[0]);
-      off[1] = fmaf(pt.y, zs[r], off[1]);
-    }
-  }
+  __device__ __forceinline__ void commit_p() { off[0] += offd[0], off[1] += offd[1]; }
   // Head hp's V operands from its staged block: slice w, every k-step.
   __device__ __forceinline__ void prepare(const uint8_t* block, const Lane& L) {
 #pragma unroll
@@ -146,7 +172,7 @@ struct VFoldTokenWg {
   // Head hp's products into raw, after the caller's wgmma fence (fp16, or bf16 for the tail).
   template <bool F16 = true>
   __device__ __forceinline__ void issue(SharedStorage<T>& s, int hp, int par) {
-    const uint32_t base = b_tile_desc(smem_u32(s.pv.tile[par][hp][0]));
+    const uint32_t base = b_tile_desc(smem_u32(p_tile(s, par, hp, 0)));
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -183,10 +209,10 @@ __device__ __forceinline__ void run_trip_wg(SharedStorage<T>& s, const Lane& L, 
   float x[4];
   ss.scores(c, x);
   if constexpr (!KSide::kScoresReadStage) ss.wait();
-  float pr[4];
-  sm.settle(s, L, x, pr, [&](const float (&q)[4]) { vs.stage_p(s, L, v_par, q, par, g_head); },
-            [&](const float (&alpha)[2]) { vs.rescale(alpha); });
-  vs.commit_p();
+  // P staged now; published (and, rarely, the maximum moved) just before the first wgmma group.
+  auto stage = [&](const float (&q)[4]) { vs.stage_p(s, L, v_par, q, par, g_head); };
+  float ls[2];
+  const bool over = sm.stage(x, ls, stage);
 
   zero_accumulators(ks.acc);
   zero_accumulators(vs.raw);
@@ -194,6 +220,10 @@ __device__ __forceinline__ void run_trip_wg(SharedStorage<T>& s, const Lane& L, 
   for (int hp = 0; hp < T::HP; ++hp) {
     if (!last) ss.prepare(c + 1, hp);  // the last chunk's S runs on stale operands and is discarded
     vs.prepare(v_blk[hp], L);
+    if (hp == 0) {
+      sm.publish(s, L, x, over, ls, stage, [&](const float (&alpha)[2]) { vs.rescale(alpha); });
+      vs.commit_p();
+    }
     pin_operands(ss.a);
     pin_operands(vs.a);
     pin_accumulators(ks.acc);
@@ -219,8 +249,7 @@ __device__ void consume_tail_wg(const DecodeParams& p, SharedStorage<T>& s, cons
     float x[4];
     rows.scores(t0, x);
     const int par = (w.chunk_end + k) & 1;  // the parity after the last trip's
-    float pr[4];
-    sm.settle(s, L, x, pr,
+    sm.settle(s, L, x,
               [&](const float (&q)[4]) {
                 const uint32_t pb[2] = {pack_bf16x2(q[0], q[1]), pack_bf16x2(q[2], q[3])};
                 store_p_tile(s, L, pb, par, g_head);
@@ -259,6 +288,7 @@ __device__ void finish_item_wg(const DecodeParams& p, SharedStorage<T>& s, const
                                const WgSoftmax& sm, VSide& vs, int sense0) {
   float* merged = &s.merge[0][0][0];  // [column][channel]
   static_assert(sizeof(s.merge) >= kN * kD * sizeof(float), "the merge buffer holds 8 columns x 128 channels");
+  named_barrier(kConsumerBarrier, kConsumerThreads);  // every warp's last PV has read the P~ tiles there
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const float off = sum_rows(vs.off[hh]), l = sum_rows(sm.l[hh]);
