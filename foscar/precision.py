@@ -519,13 +519,6 @@ V23 = VArithmetic("v23: fp16 subnormals f c 2^-24, each warp's 16-token product 
 CURRENT = V23
 
 
-# Lab knob FOSCAR_PV_WGMMA (foscar_pv_wgmma.cuh): V23's operands, but PV on wgmma, one chain per
-# trip: the four k-steps of the 64-token chunk (and, paired, the other head's exact zeros) chained
-# from zero, folded into the fp32 output once the trip ends.
-PV_WGMMA = replace(V23, name="pv-wgmma: fp16 subnormals f c 2^-24, each trip's 64-token product folded at once",
-                   chains=sequential_chains(64))
-
-
 def v23_items(item_tokens: int) -> VArithmetic:
     """The kernels' arithmetic (V23) with token-wise V's fp32 fold over work items of
     `item_tokens` tokens: the output and the lanes' offset sums in fp32 until the item ends."""

@@ -149,7 +149,6 @@ struct WarpSoftmax {
 // per-warp consumer accumulates and the softmax rescales. add_real() adds values in output units
 // (the BF16 tail's products).
 struct WarpOut {
-  static constexpr bool kWarpgroupPv = false;  // PV per warp on mma.sync (VFoldTokenWg: on wgmma)
   float out[8][4];
   __device__ __forceinline__ void reset_out() {
 #pragma unroll
@@ -638,35 +637,20 @@ __device__ void finish_item(const DecodeParams& p, SharedStorage<T>& s, const La
   end_item<T>(p, s, L, w, sense0);
 }
 
-}  // namespace foscar
-
-#include "foscar_pv_wgmma.cuh"
-
-namespace foscar {
-
 // The consumer warpgroup: the items of this CTA, chunk by chunk.
 template <class T, class KSide, class VSide>
 __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
   const Lane L(threadIdx.x - 128, p.ratio, T::HP);
-  constexpr bool kWg = VSide::kWarpgroupPv;  // FOSCAR_PV_WGMMA (foscar_pv_wgmma.cuh)
-  using Softmax = typename std::conditional<kWg, WgSoftmax, WarpSoftmax>::type;
-  const int g_head = T::HP == 1 ? 0 : L.g >= p.ratio;  // the KV head of column g (kWg's P~ tiles)
   RingCursor<T> ring;  // the current trip's stages
   for (int item = blockIdx.x; item < p.num_items; item += gridDim.x) {
     const WorkItem w = work_item<T>(p, item);
     KSide ks;
     VSide vs;
-    Softmax sm;
+    WarpSoftmax sm;
     SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
-    if constexpr (kWg) clear_pv_tiles(s, L, g_head);
     begin_item<T>(p, s, L, w, item, ks, vs, ss, ring);
     // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it.
-    auto trip = [&](int c) {
-      if constexpr (kWg)
-        run_trip_wg(s, L, ss, ks, vs, sm, c, w.chunk_end, g_head);
-      else
-        run_trip(s, L, ss, ks, vs, sm, c, w.chunk_end);
-    };
+    auto trip = [&](int c) { run_trip(s, L, ss, ks, vs, sm, c, w.chunk_end); };
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) {
 #if FOSCAR_TIMELINE
       if (L.tid == 0) {  // how far the item has come (a CTA's rate changes as its SM's others end)
@@ -686,17 +670,9 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
         sense0 = ld_relaxed_gpu(sense_word(p, w.b, w.h));
     }
     if constexpr (T::kHasTail) {
-      if (w.split == 0 && w.tail_len > 0) {
-        if constexpr (kWg)
-          consume_tail_wg<T>(p, s, L, w, sm, vs, g_head);
-        else
-          consume_tail<T>(p, s, L, w, sm, vs);
-      }
+      if (w.split == 0 && w.tail_len > 0) consume_tail<T>(p, s, L, w, sm, vs);
     }
-    if constexpr (kWg)
-      finish_item_wg<T>(p, s, L, w, sm, vs, sense0);
-    else
-      finish_item<T>(p, s, L, w, sm, vs, sense0);
+    finish_item<T>(p, s, L, w, sm, vs, sense0);
   }
 }
 
@@ -706,7 +682,6 @@ using KSideOf = typename std::conditional<T::DEQ, KDequant<T>,
                                           typename std::conditional<T::KCH, KFoldChannel<T>, KTokenSide<T>>::type>::type;
 template <class T>
 using VSideOf = typename std::conditional<T::DEQ, VDequant<T>,
-                                          typename std::conditional<T::VCH, VFoldChannel<T>,
-                                                                   typename std::conditional<T::kPvWgmma, VFoldTokenWg<T>, VFoldToken<T>>::type>::type>::type;
+                                          typename std::conditional<T::VCH, VFoldChannel<T>, VFoldToken<T>>::type>::type;
 
 }  // namespace foscar

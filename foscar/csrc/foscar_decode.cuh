@@ -195,13 +195,6 @@ constexpr int kMinCtasPerSm = 3;
 #ifndef FOSCAR_COOP_MERGE
 #define FOSCAR_COOP_MERGE 0
 #endif
-// Lab: PV on wgmma in the kernels with token-wise V in groups of 128 (foscar_pv_wgmma.cuh), the
-// paired ones (1) or the one-head ones too (2): the warpgroup's V^T from registers against P~^T in
-// shared memory, one softmax maximum shared by the four warps, instead of each warp's own softmax
-// and mma.sync.
-#ifndef FOSCAR_PV_WGMMA
-#define FOSCAR_PV_WGMMA 0
-#endif
 // A kernel's shape: everything but its occupancy (DecodeTraits adds that, from the shared memory
 // this shape takes).
 template <int BITS_, int G_, bool KCH_, bool VCH_, bool DEQ_, int HP_ = 1>
@@ -210,8 +203,6 @@ struct DecodeShape {
   static constexpr bool KCH = KCH_, VCH = VCH_, DEQ = DEQ_;
   static constexpr int HP = HP_;  // KV heads per item (1, or 2 paired: kv_heads_per_item)
   static_assert(HP == 1 || HP == 2, "an item holds one KV head or a pair");
-  // FOSCAR_PV_WGMMA's kernels: one B tile of P~ per k-step needs one V scale per token.
-  static constexpr bool kPvWgmma = (FOSCAR_PV_WGMMA >= 2 || (FOSCAR_PV_WGMMA == 1 && HP == 2)) && !VCH && !DEQ && G == 128;
   static constexpr int kCodeBytes = kChunk * kD * BITS / 8;     // one tensor's codes of one chunk
   static constexpr int kGroupsD = kD / G;                        // channel groups (token-wise modes)
   static constexpr int kGroupsT = G >= kChunk ? 1 : kChunk / G;  // token groups in a chunk (channel-wise)
@@ -245,17 +236,6 @@ struct DecodeShape {
 };
 
 // ---------------------------------------------------------------------------------------
-// FOSCAR_PV_WGMMA's B operands of PV, P~^T per trip parity, KV head of the item and k-step (warp w's
-// 16 tokens), live in the merge buffer (unused while trips run, so the kernels keep their CTAs an
-// SM); here each column's running maximum for the item's stores.
-template <int HP>
-struct PvTiles {
-  float m[kN];
-};
-template <>
-struct PvTiles<0> {};
-constexpr int kPvTileBytes = 2 * 2 * 4 * kBTileBytes;  // parities x heads x k-steps
-
 // Shared memory, one typed struct: the ring, the B operands, the query, exchange slots.
 template <class T>
 struct SharedStorage {
@@ -273,9 +253,6 @@ struct SharedStorage {
   float merge[4][kN / 2][kD];
   uint64_t full[T::kStages], empty[T::kStages];
   int last_split;
-#if FOSCAR_PV_WGMMA
-  PvTiles<T::kPvWgmma ? T::HP : 0> pv;
-#endif
 };
 
 // The CTAs per SM of a kernel's second instance, or 0 where it has none; the planner launches it

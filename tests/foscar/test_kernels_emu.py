@@ -46,10 +46,9 @@ KNOBS = [
 ]
 TIMELINE = ("-DFOSCAR_TIMELINE=1", G128)
 COOP = ("-DFOSCAR_COOP_MERGE=1", G128)
-PV_WGMMA = ("-DFOSCAR_PV_WGMMA=2", G128)  # the paired and the one-head kernels
 # Every build this file loads but the default, each for a case or two: g++ -O0 (it compiles in
 # about 40 % of -O1's time).
-LAB_BUILDS = [*KNOBS, TIMELINE, COOP, PV_WGMMA]
+LAB_BUILDS = [*KNOBS, TIMELINE, COOP]
 LAB_OPT = 0
 
 
@@ -536,38 +535,3 @@ def test_cooperative_merge_shares_each_pairs_merge(bits, heads, splits):
         err = _error(q, cache, lens, num_splits=splits, kv_heads_per_item=heads, num_sms=num_sms,
                      defines=COOP, opt_level=LAB_OPT)
         assert err <= TOLERANCE, f"{where} num_sms={num_sms}: {err:.2e}"
-
-
-@pytest.mark.parametrize("heads", [2, 1])
-@pytest.mark.parametrize("bits", [4, 2])
-@pytest.mark.parametrize("k_mode", ["channel", "token"])
-def test_pv_on_wgmma_matches_the_per_warp_consumer(bits, k_mode, heads):
-    # Lab knob FOSCAR_PV_WGMMA (built at 2: the one-head kernels too): the token-wise-V kernels
-    # run PV on wgmma with one softmax maximum for the warpgroup. Two KV heads at ratio 4 (8
-    # columns, one split) and at ratio 2 (4 columns, the rest padding; three splits, many items
-    # per CTA), paired or one an item, lengths with tails
-    # (channel-wise K's BF16 tail runs on the same path); then keys whose scores grow along the sequence, so
-    # that the maximum moves in most trips (the warpgroup's rescale). Each within the tolerance
-    # and within a tenth of the per-warp consumer's error on the same inputs.
-    where = f"bits={bits} k_mode={k_mode} heads={heads}"
-    for ratio, lens, splits, num_sms in ((4, [899, 650], 1, 132), (2, [333, 1024], 3, 1)):
-        seed, config, _, _, _ = _case(bits, 128, k_mode, "token", batch=2, ratio=ratio)
-        q, cache = _data(config, lens, 2, ratio, seed)
-        kw = dict(num_splits=splits, num_sms=num_sms, kv_heads_per_item=heads)
-        base = _error(q, cache, lens, **kw)
-        err = _error(q, cache, lens, defines=PV_WGMMA, opt_level=LAB_OPT, **kw)
-        assert err <= min(TOLERANCE, 1.1 * base), f"{where} seed={seed} ratio={ratio} splits={splits}: {err:.2e} ({base:.2e})"
-    gen = torch.Generator().manual_seed(1)
-    n = 700
-    k = torch.randn(1, n, 2, 128, generator=gen)
-    q = torch.randn(1, 8, 128, generator=gen).to(torch.bfloat16)
-    # Each head's keys gain a multiple of its first query's direction that grows with the token
-    # index: later chunks score higher, and the running maximum moves again and again.
-    ramp = torch.linspace(0, 6, n).view(1, n, 1, 1)
-    k = (k + ramp * q[:, [0, 4]].float().unsqueeze(1) / q[:, [0, 4]].float().norm(dim=-1, keepdim=True).unsqueeze(1))
-    v = torch.randn(1, n, 2, 128, generator=gen)
-    config = QuantConfig(bits=bits, group_size=128, k_mode=k_mode, v_mode="token", page_size=128)
-    cache = foscar.quantize(k.to(torch.bfloat16), v.to(torch.bfloat16), [n], config)
-    base = _error(q, cache, [n], kv_heads_per_item=heads, num_splits=1)
-    err = _error(q, cache, [n], kv_heads_per_item=heads, num_splits=1, defines=PV_WGMMA, opt_level=LAB_OPT)
-    assert err <= min(TOLERANCE, 1.1 * base), f"{where} (growing scores): {err:.2e} ({base:.2e})"
