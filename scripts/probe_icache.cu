@@ -6,6 +6,7 @@
 // A kernel that runs most of its code once per CTA (a decode at batch 1: the start, one or two
 // trips, the finish and the split merge) pays it on its critical path.
 //   nvcc -arch=sm_90a -O3 -o /tmp/probe_icache scripts/probe_icache.cu && /tmp/probe_icache
+//   /tmp/probe_icache capacity    (8-44 KB launched again: where the hot cache ends)
 // "branchy" rows run the same KB as blocks of 512 bytes, each ending in a taken branch over an
 // unexecuted twin (the item's finish has 24 branches in 7.5 KB).
 // Launch orders: "again" repeats the same kernel (its code in L2, maybe still in the SM's
@@ -18,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <algorithm>
+#include <string>
 #include <vector>
 
 __device__ __forceinline__ uint64_t gtime() {
@@ -140,7 +142,18 @@ void run_size(int ctas, int warps, uint64_t* st, float* sink, float* big, size_t
   }
 }
 
-int main() {
+// The hot cache's size: KB of straight code launched again and again (the "again" order alone),
+// the first pass of a repeat launch as fast as the second where the code stayed in the SM.
+template <int KB>
+void run_capacity(int ctas, int warps, uint64_t* st, float* sink) {
+  auto one = [&] { return launch<KB, 0>(ctas, warps, st, sink); };
+  emit(KB, false, ctas, warps, "first_launch", 0, one());
+  for (int rep = 0; rep < 3; ++rep) emit(KB, false, ctas, warps, "again", rep, one());
+}
+
+int main(int argc, char** argv) {
+  // `capacity`: 8-44 KB in 4 KB steps, launched again (where between 16 and 48 KB the hot cache ends)
+  const bool capacity = argc > 1 && std::string(argv[1]) == "capacity";
   int sms = 0, l2 = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
@@ -152,6 +165,18 @@ int main() {
   cudaMalloc(&big, big_n * sizeof(float));
   printf("{\"sms\": %d, \"l2_bytes\": %d, \"runs\": [", sms, l2);
   for (int warps : {1, 4}) {
+    if (capacity) {
+      run_capacity<8>(sms, warps, st, sink);
+      run_capacity<16>(sms, warps, st, sink);
+      run_capacity<20>(sms, warps, st, sink);
+      run_capacity<24>(sms, warps, st, sink);
+      run_capacity<28>(sms, warps, st, sink);
+      run_capacity<32>(sms, warps, st, sink);
+      run_capacity<36>(sms, warps, st, sink);
+      run_capacity<40>(sms, warps, st, sink);
+      run_capacity<44>(sms, warps, st, sink);
+      continue;
+    }
     run_size<4>(sms, warps, st, sink, big, big_n);
     run_size<16>(sms, warps, st, sink, big, big_n);
     run_size<48>(sms, warps, st, sink, big, big_n);
