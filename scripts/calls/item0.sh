@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Item 0 on an H200 (docs/PERFORMANCE.md, "What the next device session runs"): the hot
+# instruction cache's size, then scripts/h200_rules.sh on HEAD's tree as .snap holds it (so that
+# files edited here meanwhile do not travel): the small-launch row's lab shapes on the tree's
+# library, the harness on main's tree (tests grid paper floor targets) and on the row's (grid paper
+# floor targets). SHORT=1: the 4-minute form (two lab shapes; tests grid paper targets; the row's grid).
+set -u
+ROOT=$PWD
+xz -dc .snap/probe_icache.xz > /tmp/probe_icache && chmod +x /tmp/probe_icache && \
+    timeout 60 /tmp/probe_icache capacity > "$OUT/icache_capacity.json"; echo "== icache probe rc $?"
+if [[ -n ${SHORT:-} ]]; then
+    export LAB="1 16384 plan,32 own;2 4096 plan,16 own" STAGES="tests grid paper targets" ROW_STAGES=grid
+fi
+KEY=$(cat .snap/lib_key)
+M=$(mktemp -d); tar -xzf .snap/code_main.tar.gz -C "$M" && ln -s "$ROOT/.whl" "$M/.whl" && \
+    ln -s "$ROOT/.snap" "$M/.snap" && cd "$M" && tar -xJf .snap/lib.tar.xz || exit 2
+LIB=.foscar-cache/sm_90a-$KEY/libfoscar.so FOSCAR_GIT_SHA=$(cat .snap/sha) \
+    ROW_TREE=.snap/code_row.tar.gz ROW_SHA=$(cat .snap/sha_row) bash scripts/h200_rules.sh
