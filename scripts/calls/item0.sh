@@ -4,6 +4,7 @@
 # files edited here meanwhile do not travel): the small-launch row's lab shapes on the tree's
 # library, the harness on main's tree (tests grid paper floor targets) and on the row's (grid paper
 # floor targets). SHORT=1: the 4-minute form (two lab shapes; tests grid paper targets; the row's grid).
+# TIGHT=1 (under about 330 s of device time): main's grid, GPU tests and targets alone, no lab.
 set -u
 ROOT=$PWD
 xz -dc .snap/probe_icache.xz > /tmp/probe_icache && chmod +x /tmp/probe_icache && \
@@ -14,5 +15,9 @@ fi
 KEY=$(cat .snap/lib_key)
 M=$(mktemp -d); tar -xzf .snap/code_main.tar.gz -C "$M" && ln -s "$ROOT/.whl" "$M/.whl" && \
     ln -s "$ROOT/.snap" "$M/.snap" && cd "$M" && tar -xJf .snap/lib.tar.xz || exit 2
+if [[ -n ${TIGHT:-} ]]; then
+    export FOSCAR_CACHE_DIR=$PWD/.foscar-cache
+    STAGES="grid tests targets" FOSCAR_GIT_SHA=$(cat .snap/sha) exec bash scripts/h200_record.sh
+fi
 LIB=.foscar-cache/sm_90a-$KEY/libfoscar.so FOSCAR_GIT_SHA=$(cat .snap/sha) \
     ROW_TREE=.snap/code_row.tar.gz ROW_SHA=$(cat .snap/sha_row) bash scripts/h200_rules.sh
