@@ -6,6 +6,8 @@
 # library through the harness: GPU tests, grid, targets (SHORT=1: the tests alone). All but the
 # harness's record comes back in $OUT/extras.tar.gz (a call brings back at most 8 files).
 set -u
+[[ -s .snap/lib_key && -s .snap/sha ]] || {
+    echo "$0: .snap/ has no library key or sha: run scripts/calls/prepare.sh on the CPU machine and carry .snap"; exit 2; }
 ROOT=$PWD; FINAL=$OUT; X=$(mktemp -d)
 pack() { tar -C "$X" -czf "$FINAL/extras.tar.gz" .; }
 xz -dc .snap/probe_icache.xz > /tmp/probe_icache && chmod +x /tmp/probe_icache && \

@@ -6,6 +6,8 @@
 # floor targets). SHORT=1: the 4-minute form (two lab shapes; tests grid paper targets; the row's grid).
 # TIGHT=1 (under about 330 s of device time): main's grid, GPU tests and targets alone, no lab.
 set -u
+[[ -s .snap/lib_key && -s .snap/sha ]] || {
+    echo "$0: .snap/ has no library key or sha: run scripts/calls/prepare.sh on the CPU machine and carry .snap"; exit 2; }
 ROOT=$PWD
 xz -dc .snap/probe_icache.xz > /tmp/probe_icache && chmod +x /tmp/probe_icache && \
     timeout 60 /tmp/probe_icache capacity > "$OUT/icache_capacity.json"; echo "== icache probe rc $?"
