@@ -18,12 +18,13 @@ the once-run code (few executions per run byte) stands apart from the loops.
 from __future__ import annotations
 
 import argparse
-import csv
 import gzip
-import io
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ncu_source_alu import source_rows  # noqa: E402  (the export's sections and rows)
 
 EXECUTED = "Instructions Executed"
 INSTRUCTION_BYTES = 16  # every sm_90 instruction
@@ -32,24 +33,9 @@ INSTRUCTION_BYTES = 16  # every sm_90 instruction
 def kernel_rows(text: str) -> dict[str, list[tuple[int, float]]]:
     """Kernel name -> [(address, warp instructions executed)] in address order."""
     out: dict[str, list[tuple[int, float]]] = {}
-    kernel, cols = None, None
-    for row in csv.reader(io.StringIO(text)):
-        if not row:
-            continue
-        if row[0] == "Kernel Name":
-            kernel, cols = row[1], None
-            continue
-        if row[0] == "Address":
-            cols = {name: i for i, name in enumerate(row)}
-            if EXECUTED not in cols:
-                raise ValueError(f"kernel {kernel!r}: the export has no {EXECUTED!r} column; "
-                                 "export it with --page source --csv --print-source sass")
-            continue
-        if kernel is None or cols is None:
-            continue
-        addr = int(row[cols["Address"]], 16)
+    for kernel, cols, row in source_rows(text, (EXECUTED,)):
         n = float(row[cols[EXECUTED]].replace(",", "") or 0)
-        out.setdefault(kernel, []).append((addr, n))
+        out.setdefault(kernel, []).append((int(row[cols["Address"]], 16), n))
     for rows in out.values():
         rows.sort()
     return out

@@ -32,9 +32,9 @@ def _opcode(source: str) -> str:
     return text.split()[0] if text else ""
 
 
-def kernel_counts(text: str) -> dict[str, dict[str, float]]:
-    """Kernel name -> {'alu': .., 'all': ..}: predicated-on thread instructions of each section."""
-    out: dict[str, dict[str, float]] = {}
+def source_rows(text: str, needed: tuple[str, ...]):
+    """(kernel name, {column: index}, row) for each instruction row of the export, sections in
+    order; ValueError naming the columns when a section lacks one of `needed`."""
     kernel, cols = None, None
     for row in csv.reader(io.StringIO(text)):
         if not row:
@@ -44,12 +44,18 @@ def kernel_counts(text: str) -> dict[str, dict[str, float]]:
             continue
         if row[0] == "Address":
             cols = {name: i for i, name in enumerate(row)}
-            if COUNT not in cols or "Source" not in cols:
-                raise ValueError(f"kernel {kernel!r}: the export has no {COUNT!r} or 'Source' column; "
+            if any(name not in cols for name in needed):
+                raise ValueError(f"kernel {kernel!r}: the export has no {' or '.join(map(repr, needed))} column; "
                                  "export it with --page source --csv --print-source sass")
             continue
-        if kernel is None or cols is None:
-            continue
+        if kernel is not None and cols is not None:
+            yield kernel, cols, row
+
+
+def kernel_counts(text: str) -> dict[str, dict[str, float]]:
+    """Kernel name -> {'alu': .., 'all': ..}: predicated-on thread instructions of each section."""
+    out: dict[str, dict[str, float]] = {}
+    for kernel, cols, row in source_rows(text, (COUNT, "Source")):
         n = float(row[cols[COUNT]].replace(",", "") or 0)
         op = _opcode(row[cols["Source"]])
         counts = out.setdefault(kernel, {"alu": 0.0, "all": 0.0})
