@@ -152,7 +152,7 @@ void run_capacity(int ctas, int warps, uint64_t* st, float* sink) {
 }
 
 int main(int argc, char** argv) {
-  // `capacity`: 8-44 KB in 4 KB steps, launched again (where between 16 and 48 KB the hot cache ends)
+  // `capacity`: 8 KB, then 16-44 KB in 4 KB steps, launched again (where between 16 and 48 KB the hot cache ends)
   const bool capacity = argc > 1 && std::string(argv[1]) == "capacity";
   int sms = 0, l2 = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
