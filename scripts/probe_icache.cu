@@ -126,11 +126,14 @@ void emit(int kb, bool branchy, int ctas, int warps, const char* order, int rep,
          rows++ ? "," : "", kb, branchy ? "branchy" : "straight", ctas, warps, order, rep, r.first_us, r.second_us);
 }
 
+// again_only: the first launch and the repeats alone (`capacity`: where the hot cache ends, the
+// first pass of a repeat launch as fast as the second where the code stayed in the SM).
 template <int KB, bool BRANCHY = false>
-void run_size(int ctas, int warps, uint64_t* st, float* sink, float* big, size_t big_n) {
+void run_size(int ctas, int warps, uint64_t* st, float* sink, float* big, size_t big_n, bool again_only = false) {
   auto one = [&] { return launch<KB, 0, BRANCHY>(ctas, warps, st, sink); };
   emit(KB, BRANCHY, ctas, warps, "first_launch", 0, one());
   for (int rep = 0; rep < 3; ++rep) emit(KB, BRANCHY, ctas, warps, "again", rep, one());
+  if (again_only) return;
   for (int rep = 0; rep < 3; ++rep) {
     launch<96, 7>(ctas, warps, st, sink);
     emit(KB, BRANCHY, ctas, warps, "after_other", rep, one());
@@ -140,15 +143,6 @@ void run_size(int ctas, int warps, uint64_t* st, float* sink, float* big, size_t
     cudaDeviceSynchronize();
     emit(KB, BRANCHY, ctas, warps, "after_flush", rep, one());
   }
-}
-
-// The hot cache's size: KB of straight code launched again and again (the "again" order alone),
-// the first pass of a repeat launch as fast as the second where the code stayed in the SM.
-template <int KB>
-void run_capacity(int ctas, int warps, uint64_t* st, float* sink) {
-  auto one = [&] { return launch<KB, 0>(ctas, warps, st, sink); };
-  emit(KB, false, ctas, warps, "first_launch", 0, one());
-  for (int rep = 0; rep < 3; ++rep) emit(KB, false, ctas, warps, "again", rep, one());
 }
 
 int main(int argc, char** argv) {
@@ -166,15 +160,15 @@ int main(int argc, char** argv) {
   printf("{\"sms\": %d, \"l2_bytes\": %d, \"runs\": [", sms, l2);
   for (int warps : {1, 4}) {
     if (capacity) {
-      run_capacity<8>(sms, warps, st, sink);
-      run_capacity<16>(sms, warps, st, sink);
-      run_capacity<20>(sms, warps, st, sink);
-      run_capacity<24>(sms, warps, st, sink);
-      run_capacity<28>(sms, warps, st, sink);
-      run_capacity<32>(sms, warps, st, sink);
-      run_capacity<36>(sms, warps, st, sink);
-      run_capacity<40>(sms, warps, st, sink);
-      run_capacity<44>(sms, warps, st, sink);
+      run_size<8>(sms, warps, st, sink, big, big_n, true);
+      run_size<16>(sms, warps, st, sink, big, big_n, true);
+      run_size<20>(sms, warps, st, sink, big, big_n, true);
+      run_size<24>(sms, warps, st, sink, big, big_n, true);
+      run_size<28>(sms, warps, st, sink, big, big_n, true);
+      run_size<32>(sms, warps, st, sink, big, big_n, true);
+      run_size<36>(sms, warps, st, sink, big, big_n, true);
+      run_size<40>(sms, warps, st, sink, big, big_n, true);
+      run_size<44>(sms, warps, st, sink, big, big_n, true);
       continue;
     }
     run_size<4>(sms, warps, st, sink, big, big_n);

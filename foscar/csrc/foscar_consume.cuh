@@ -649,8 +649,6 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
     WarpSoftmax sm;
     SStream<T, KSide> ss{p, s, L, w, ks, ring, {}};
     begin_item<T>(p, s, L, w, item, ks, vs, ss, ring);
-    // Trip c: V of chunk c against its P, S of chunk c + 1 issued beside it.
-    auto trip = [&](int c) { run_trip(s, L, ss, ks, vs, sm, c, w.chunk_end); };
     for (int c = w.chunk_begin; c < w.chunk_end; ++c, ring.next_trip()) {
 #if FOSCAR_TIMELINE
       if (L.tid == 0) {  // how far the item has come (a CTA's rate changes as its SM's others end)
@@ -660,7 +658,7 @@ __device__ void consume(const DecodeParams& p, SharedStorage<T>& s) {
         if (k == 3 * n / 4) timeline_stamp(p, item, kTlQuarter3);
       }
 #endif
-      trip(c);
+      run_trip(s, L, ss, ks, vs, sm, c, w.chunk_end);  // V of chunk c against its P, S of chunk c + 1 beside it
     }
 
     if (L.tid == 0) timeline_stamp(p, item, kTlLastTrip);

@@ -6,16 +6,14 @@
 # library through the harness: GPU tests, grid, targets (SHORT=1: the tests alone). All but the
 # harness's record comes back in $OUT/extras.tar.gz (a call brings back at most 8 files).
 set -u
-[[ -s .snap/lib_key && -s .snap/sha ]] || {
-    echo "$0: .snap/ has no library key or sha: run scripts/calls/prepare.sh on the CPU machine and carry .snap"; exit 2; }
-ROOT=$PWD; FINAL=$OUT; X=$(mktemp -d)
+source "$(dirname "${BASH_SOURCE[0]}")/snap.sh"
+require_snap
+FINAL=$OUT; X=$(mktemp -d)
 pack() { tar -C "$X" -czf "$FINAL/extras.tar.gz" .; }
-xz -dc .snap/probe_icache.xz > /tmp/probe_icache && chmod +x /tmp/probe_icache && \
-    timeout 60 /tmp/probe_icache capacity > "$X/icache_capacity.json"; echo "== icache probe rc $?"; pack
+icache_probe "$X/icache_capacity.json"; pack
 KEY=$(cat .snap/lib_key) COOP=$(cat .snap/coop2_key)
-M=$(mktemp -d); tar -xzf .snap/code_main.tar.gz -C "$M" && ln -s "$ROOT/.whl" "$M/.whl" && cd "$M" && \
-    mkdir -p /tmp/copy && tar -xJf "$ROOT/.snap/lib.tar.xz" && tar -xJf "$ROOT/.snap/coop2.tar.xz" || exit 2
-export FOSCAR_CACHE_DIR=$PWD/.foscar-cache PYTHONPATH=.
+unpack_main lib.tar.xz coop2.tar.xz
+mkdir -p /tmp/copy
 BASE=.foscar-cache/sm_90a-$KEY/libfoscar.so
 cp "$BASE" /tmp/copy/libfoscar.so  # a copy: the same path would load as the same module
 SHAPES="1 4096 4ct,2ct 2;1 32768 4ct,2ct 2;1 131072 2ct 2;8 4096 4ct,2ct 2" TAG=coop2 OUT=$X \

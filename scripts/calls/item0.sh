@@ -6,19 +6,15 @@
 # floor targets). SHORT=1: the 4-minute form (two lab shapes; tests grid paper targets; the row's grid).
 # TIGHT=1 (under about 330 s of device time): main's grid, GPU tests and targets alone, no lab.
 set -u
-[[ -s .snap/lib_key && -s .snap/sha ]] || {
-    echo "$0: .snap/ has no library key or sha: run scripts/calls/prepare.sh on the CPU machine and carry .snap"; exit 2; }
-ROOT=$PWD
-xz -dc .snap/probe_icache.xz > /tmp/probe_icache && chmod +x /tmp/probe_icache && \
-    timeout 60 /tmp/probe_icache capacity > "$OUT/icache_capacity.json"; echo "== icache probe rc $?"
+source "$(dirname "${BASH_SOURCE[0]}")/snap.sh"
+require_snap
+icache_probe "$OUT/icache_capacity.json"
 if [[ -n ${SHORT:-} ]]; then
     export LAB="1 16384 plan,32 own;2 4096 plan,16 own" STAGES="tests grid paper targets" ROW_STAGES=grid
 fi
 KEY=$(cat .snap/lib_key)
-M=$(mktemp -d); tar -xzf .snap/code_main.tar.gz -C "$M" && ln -s "$ROOT/.whl" "$M/.whl" && \
-    ln -s "$ROOT/.snap" "$M/.snap" && cd "$M" && tar -xJf .snap/lib.tar.xz || exit 2
+unpack_main lib.tar.xz
 if [[ -n ${TIGHT:-} ]]; then
-    export FOSCAR_CACHE_DIR=$PWD/.foscar-cache
     STAGES="grid tests targets" FOSCAR_GIT_SHA=$(cat .snap/sha) exec bash scripts/h200_record.sh
 fi
 LIB=.foscar-cache/sm_90a-$KEY/libfoscar.so FOSCAR_GIT_SHA=$(cat .snap/sha) \
