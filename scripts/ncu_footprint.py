@@ -18,13 +18,12 @@ the once-run code (few executions per run byte) stands apart from the loops.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ncu_source_alu import source_rows  # noqa: E402  (the export's sections and rows)
+from ncu_source_alu import read_export, source_rows  # noqa: E402  (the export's text, its sections and rows)
 
 EXECUTED = "Instructions Executed"
 INSTRUCTION_BYTES = 16  # every sm_90 instruction
@@ -73,9 +72,7 @@ def main() -> None:
     if not args.export.is_file():
         sys.exit(f"ncu_footprint: {args.export} is not a file; pass the ncu source-page export "
                  "(ncu_src_<variant>.csv.gz from scripts/h200_lab.sh PROFILE=<variant>).")
-    opener = gzip.open if args.export.suffix == ".gz" else open
-    with opener(args.export, "rt") as fh:
-        kernels = {k: footprint(rows) for k, rows in kernel_rows(fh.read()).items()}
+    kernels = {k: footprint(rows) for k, rows in kernel_rows(read_export(args.export)).items()}
     for name, f in kernels.items():
         print(f"{f['executed_bytes'] / 1024:6.1f} KB executed of {f['bytes'] / 1024:6.1f} KB "
               f"in {len(f['runs'])} runs  {name}")

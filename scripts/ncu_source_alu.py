@@ -20,16 +20,18 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sass_regions import opcode  # noqa: E402  (a SASS line's opcode, its guard stripped)
 from suite.alu import isa  # noqa: E402
 
 COUNT = "Predicated-On Thread Instructions Executed"
 
 
-def _opcode(source: str) -> str:
-    text = source.strip()
-    if text.startswith("@"):  # a guard predicate
-        text = text.split(None, 1)[1] if " " in text else ""
-    return text.split()[0] if text else ""
+def read_export(path: Path) -> str:
+    """The text of an ncu source-page export, gzipped (.csv.gz) or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        return fh.read()
 
 
 def source_rows(text: str, needed: tuple[str, ...]):
@@ -57,10 +59,10 @@ def kernel_counts(text: str) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for kernel, cols, row in source_rows(text, (COUNT, "Source")):
         n = float(row[cols[COUNT]].replace(",", "") or 0)
-        op = _opcode(row[cols["Source"]])
+        source = row[cols["Source"]]
         counts = out.setdefault(kernel, {"alu": 0.0, "all": 0.0})
         counts["all"] += n
-        if op and isa.classify(op).cls == "alu":
+        if source.strip() and isa.classify(opcode(source)).cls == "alu":
             counts["alu"] += n
     return out
 
@@ -73,9 +75,7 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     args = ap.parse_args()
-    opener = gzip.open if args.export.suffix == ".gz" else open
-    with opener(args.export, "rt") as fh:
-        counts = kernel_counts(fh.read())
+    counts = kernel_counts(read_export(args.export))
     elements = args.batch * args.kv_len * args.kv_heads * args.head_dim * 2  # K and V
     for kernel, c in counts.items():
         print(f"{c['alu'] / elements:.3f} ALU/elem  {c['all'] / elements:.3f} inst/elem  {kernel}")

@@ -145,6 +145,12 @@ void run_size(int ctas, int warps, uint64_t* st, float* sink, float* big, size_t
   }
 }
 
+// run_size's first launch and repeats alone, for each size in KB.
+template <int... KB>
+void run_sizes_again(int ctas, int warps, uint64_t* st, float* sink, float* big, size_t big_n) {
+  (run_size<KB>(ctas, warps, st, sink, big, big_n, true), ...);
+}
+
 int main(int argc, char** argv) {
   // `capacity`: 8 KB, then 16-44 KB in 4 KB steps, launched again (where between 16 and 48 KB the hot cache ends)
   const bool capacity = argc > 1 && std::string(argv[1]) == "capacity";
@@ -160,15 +166,7 @@ int main(int argc, char** argv) {
   printf("{\"sms\": %d, \"l2_bytes\": %d, \"runs\": [", sms, l2);
   for (int warps : {1, 4}) {
     if (capacity) {
-      run_size<8>(sms, warps, st, sink, big, big_n, true);
-      run_size<16>(sms, warps, st, sink, big, big_n, true);
-      run_size<20>(sms, warps, st, sink, big, big_n, true);
-      run_size<24>(sms, warps, st, sink, big, big_n, true);
-      run_size<28>(sms, warps, st, sink, big, big_n, true);
-      run_size<32>(sms, warps, st, sink, big, big_n, true);
-      run_size<36>(sms, warps, st, sink, big, big_n, true);
-      run_size<40>(sms, warps, st, sink, big, big_n, true);
-      run_size<44>(sms, warps, st, sink, big, big_n, true);
+      run_sizes_again<8, 16, 20, 24, 28, 32, 36, 40, 44>(sms, warps, st, sink, big, big_n);
       continue;
     }
     run_size<4>(sms, warps, st, sink, big, big_n);

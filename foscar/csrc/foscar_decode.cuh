@@ -492,8 +492,6 @@ struct Lane {
         t(consumer_tid & 3), hp(heads_per_item == 1 ? 0 : 2 * (consumer_tid & 3) >= ratio) {}
   // Token (within a chunk) of S accumulator element e: rows g and g + 8 of warp w's 16.
   __device__ __forceinline__ int token(int e) const { return 16 * warp + g + 8 * (e >> 1); }
-  // Channel of O accumulator element e of m64 tile i: warp w owns channels 32w .. 32w + 31.
-  __device__ __forceinline__ int channel(int i, int e) const { return 32 * warp + 16 * i + 8 * (e >> 1) + g; }
 };
 
 // fp32 accumulators [N][4] (fp16 wgmma) or int32 [N][8] (int8 wgmma, two parts).

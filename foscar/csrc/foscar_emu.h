@@ -130,12 +130,10 @@ struct Warpgroup {
   uint32_t a[128][4];
 };
 
-// A named barrier (bar.sync id, count) with the OR-reduction of bar.red.or.
+// A named barrier (bar.sync id, count).
 struct NamedBarrier {
   int arrived = 0;
   long generation = 0;
-  int any = 0;
-  int result[2] = {0, 0};
 };
 
 struct Mbarrier {
@@ -216,20 +214,16 @@ inline uint32_t smem_offset(const void* p) {
   return static_cast<uint32_t>(static_cast<const uint8_t*>(p) - tls().cta->smem_base());
 }
 
-inline void named_arrive(int id, int count, int pred, int* any_out) {
+inline void named_arrive(int id, int count) {
   NamedBarrier& nb = tls().cta->named[id];
   ++scheduler().progress;
   const long gen = nb.generation;
-  nb.any |= pred;
   if (++nb.arrived == count) {
-    nb.result[gen & 1] = nb.any;
-    nb.any = 0;
     nb.arrived = 0;
     ++nb.generation;
   } else {
     wait_until([&] { return nb.generation != gen; });
   }
-  if (any_out) *any_out = nb.result[gen & 1];
 }
 
 inline void mbar_complete_if_done(Mbarrier& m) {
@@ -471,12 +465,7 @@ inline void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* 
 inline void fence_proxy_async_smem() {}
 
 // ---- named barriers and register reallocation
-inline void named_barrier(int id, int threads) { ::foscar_emu::named_arrive(id, threads, 0, nullptr); }
-inline bool named_barrier_any(int id, int threads, bool pred) {
-  int any = 0;
-  ::foscar_emu::named_arrive(id, threads, pred ? 1 : 0, &any);
-  return any != 0;
-}
+inline void named_barrier(int id, int threads) { ::foscar_emu::named_arrive(id, threads); }
 template <int N>
 inline void setmaxnreg_dec() {}
 template <int N>

@@ -207,17 +207,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.p
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// A named barrier that also returns whether `pred` held in any participating thread.
-__device__ __forceinline__ bool named_barrier_any(int id, int threads, bool pred) {
-  int any;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.b32 p, %1, 0;\n"
-      "bar.red.or.pred q, %2, %3, p;\nselp.b32 %0, 1, 0, q;\n}\n"
-      : "=r"(any)
-      : "r"(static_cast<int>(pred)), "r"(id), "r"(threads)
-      : "memory");
-  return any != 0;
-}
 
 // ---- a counter that publishes the CTA's global writes to whoever counts last
 // Adds `v` to `*counter` at GPU scope with release and acquire semantics and returns the old value.
