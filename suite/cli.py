@@ -20,6 +20,17 @@ for _name in COMMANDS:
     importlib.import_module(f"suite.commands.{_name}").register(app)
 
 
+def _one_line(doc: str) -> str:
+    """A docstring's first paragraph on one line: `--help`'s command list keeps the line breaks
+    of a docstring's source, so a wrapped first paragraph would print ragged."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+for _info in app.registered_commands:
+    if _info.short_help is None and _info.callback is not None and _info.callback.__doc__:
+        _info.short_help = _one_line(_info.callback.__doc__)
+
+
 def main() -> None:
     app()
 

@@ -25,8 +25,20 @@ def test_help_lists_commands():
     assert set(COMMANDS) >= {"build", "sweep", "results", "report", "alu", "dashboard", "compare", "env"}
     # and --help shows each as an entry of its command list, in that order
     out = runner.invoke(app, ["--help"]).output
-    firsts = [line.strip("│ ").split(" ")[0] for line in out.splitlines()]
+    # (a row's first column; a wrapped description's next lines leave it blank)
+    firsts = [line[2:].split(" ")[0] for line in out.splitlines() if line.startswith("│ ") and line[2] != " "]
     assert [w for w in firsts if w in COMMANDS] == list(COMMANDS)
+
+
+def test_command_list_entries_are_one_paragraph_each():
+    # A docstring's first paragraph wraps in its source; the command list would keep those
+    # breaks (ragged rows), so each entry is the paragraph on one line, rewrapped by --help.
+    from suite.cli import _one_line
+
+    for info in app.registered_commands:
+        doc = info.callback.__doc__
+        assert info.short_help == _one_line(doc) and "\n" not in info.short_help, info.name
+    assert _one_line("Run a sweep. A case\n    that fails.\n\n    More.") == "Run a sweep. A case that fails."
 
 
 def test_dry_run_lists_cases_without_a_store(tmp_path):
