@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ncu_source_alu import read_export, source_rows  # noqa: E402  (the export's text, its sections and rows)
+from suite.alu.ncu import parse_number  # noqa: E402  (on the path through ncu_source_alu)
 
 EXECUTED = "Instructions Executed"
 INSTRUCTION_BYTES = 16  # every sm_90 instruction
@@ -33,7 +34,7 @@ def kernel_rows(text: str) -> dict[str, list[tuple[int, float]]]:
     """Kernel name -> [(address, warp instructions executed)] in address order."""
     out: dict[str, list[tuple[int, float]]] = {}
     for kernel, cols, row in source_rows(text, (EXECUTED,)):
-        n = float(row[cols[EXECUTED]].replace(",", "") or 0)
+        n = parse_number(row[cols[EXECUTED]]) or 0.0
         out.setdefault(kernel, []).append((int(row[cols["Address"]], 16), n))
     for rows in out.values():
         rows.sort()

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sass_regions import opcode  # noqa: E402  (a SASS line's opcode, its guard stripped)
 from suite.alu import isa  # noqa: E402
+from suite.alu.ncu import parse_number  # noqa: E402  ('1,234' -> 1234.0; '' -> None)
 
 COUNT = "Predicated-On Thread Instructions Executed"
 
@@ -58,7 +59,7 @@ def kernel_counts(text: str) -> dict[str, dict[str, float]]:
     """Kernel name -> {'alu': .., 'all': ..}: predicated-on thread instructions of each section."""
     out: dict[str, dict[str, float]] = {}
     for kernel, cols, row in source_rows(text, (COUNT, "Source")):
-        n = float(row[cols[COUNT]].replace(",", "") or 0)
+        n = parse_number(row[cols[COUNT]]) or 0.0
         source = row[cols["Source"]]
         counts = out.setdefault(kernel, {"alu": 0.0, "all": 0.0})
         counts["all"] += n
